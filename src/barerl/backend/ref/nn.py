@@ -1,0 +1,369 @@
+"""Reference ops of the network itself: the living definition of every layer op, forward and backward.
+
+Each function is written against an array namespace (`xp`): given NumPy arrays it runs on the CPU, given
+CuPy arrays it runs unchanged on the GPU, where it is the oracle for the CUDA kernels. Every op here has a
+twin of the same name and signature in `backend.cuda`.
+
+Conventions, shared with the kernels:
+- Activations are (tokens, features), packed: sequences are concatenated and `cu_seqlens` (int32,
+  (S+1,)) marks their boundaries; `positions` (int32, (T,)) gives each token's position in its sequence.
+- Arithmetic is fp32 whatever the storage dtype (bf16/fp16/fp32); outputs are cast back to the
+  activation dtype, except statistics (rstd, lse, log-probs), which stay fp32.
+- Weight gradients are accumulated: `*_backward` adds into the `dw`/`db` arrays it is given (the caller
+  zeroes them once per optimizer step), and returns the gradient of its input.
+- Linear weights are stored as Hugging Face does: (out_features, in_features), so y = x @ w.T.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "xp_of", "DEFAULT_LM_HEAD_CHUNK", "embedding", "embedding_backward", "rmsnorm", "rmsnorm_backward",
+    "linear", "linear_backward", "qk_norm_rope", "qk_norm_rope_backward", "attention", "attention_backward",
+    "store_kv", "paged_attention", "swiglu", "swiglu_backward", "lm_head_logits", "lm_head_logprobs",
+    "lm_head_backward",
+]
+
+DEFAULT_LM_HEAD_CHUNK = 1024  # tokens per LM-head chunk: bounds the fp32 logits to chunk x vocab
+
+
+def xp_of(*arrays):
+    """NumPy or CuPy, whichever owns the arrays."""
+    for a in arrays:
+        if a is not None and type(a).__module__.startswith("cupy"):
+            import cupy
+
+            return cupy
+    return np
+
+
+def _f32(x):
+    return x.astype(np.float32, copy=False)
+
+
+def _scatter_add(xp, target, index, values):
+    if xp is np:
+        np.add.at(target, index, values)
+    else:
+        import cupyx
+
+        cupyx.scatter_add(target, index, values)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Embedding
+
+
+def embedding(ids, table):
+    """ids (T,) int32, table (V, C) -> (T, C) in table's dtype."""
+    return table[ids]
+
+
+def embedding_backward(dx, ids, dtable):
+    """dtable (V, C) += scatter of dx (T, C) rows at ids."""
+    xp = xp_of(dx)
+    _scatter_add(xp, dtable, ids, _f32(dx).astype(dtable.dtype, copy=False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+def rmsnorm(x, w, eps):
+    """y = x / rms(x) * w over the last axis. x (T, C), w (C,) -> y (T, C), rstd (T,) fp32."""
+    xp = xp_of(x)
+    xf = _f32(x)
+    rstd = 1.0 / xp.sqrt((xf * xf).mean(axis=-1) + np.float32(eps))
+    y = (xf * rstd[..., None]) * _f32(w)
+    return y.astype(x.dtype, copy=False), rstd.astype(np.float32, copy=False)
+
+
+def rmsnorm_backward(dy, x, w, rstd, dw):
+    """dw (C,) += sum over rows of dy * x_hat; returns dx (T, C) in x's dtype."""
+    xf, dyf = _f32(x), _f32(dy)
+    xhat = xf * rstd[..., None]
+    dxhat = dyf * _f32(w)
+    dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
+    dx = rstd[..., None] * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx.astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Linear (cuBLAS on the GPU; bias and residual are GEMM epilogues there)
+
+
+def linear(x, w, bias=None, residual=None):
+    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N)."""
+    y = _f32(x) @ _f32(w).T
+    if bias is not None:
+        y += _f32(bias)
+    if residual is not None:
+        y += _f32(residual)
+    return y.astype(x.dtype, copy=False)
+
+
+def linear_backward(dy, x, w, dw, dbias=None):
+    """dw (N, K) += dy.T @ x; dbias (N,) += sum(dy); returns dx = dy @ w (T, K) in x's dtype."""
+    dyf = _f32(dy)
+    dw += (dyf.T @ _f32(x)).astype(dw.dtype, copy=False)
+    if dbias is not None:
+        dbias += dyf.sum(axis=0).astype(dbias.dtype, copy=False)
+    return (dyf @ _f32(w)).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-head q/k RMSNorm (Qwen3) + rotary embedding (NeoX half-split), fused
+
+
+def _heads(qkv, num_heads, num_kv_heads):
+    """Split (T, (H + 2K) * D) into q (T, H, D), k (T, K, D), v (T, K, D) fp32 copies."""
+    T = qkv.shape[0]
+    D = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    x = _f32(qkv).reshape(T, num_heads + 2 * num_kv_heads, D)
+    return x[:, :num_heads], x[:, num_heads : num_heads + num_kv_heads], x[:, num_heads + num_kv_heads :]
+
+
+def _rotate(x, cos, sin):
+    """NeoX rotation of x (T, H, D) by angle tables cos/sin (T, D/2)."""
+    h = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x[..., :h], x[..., h:]
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+def _unrotate(dy, cos, sin):
+    """Transpose of `_rotate` (its gradient)."""
+    h = dy.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    d1, d2 = dy[..., :h], dy[..., h:]
+    return d1 * c + d2 * s, d2 * c - d1 * s
+
+
+def qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm=None, k_norm=None, eps=1e-6):
+    """Normalise each q and k head (when q_norm/k_norm are given), then rotate q and k; v passes through.
+
+    qkv (T, (H + 2K) * D); positions (T,) int32; cos, sin (P, D/2) fp32 tables; q_norm, k_norm (D,) or None.
+    Returns out (T, (H + 2K) * D) in qkv's dtype, q_rstd (T, H) and k_rstd (T, K) fp32 (empty without norm).
+    """
+    xp = xp_of(qkv)
+    q, k, v = _heads(qkv, num_heads, num_kv_heads)
+    c, s = cos[positions], sin[positions]
+    q_rstd = xp.zeros((qkv.shape[0], 0), np.float32)
+    k_rstd = q_rstd
+    if q_norm is not None:
+        q, q_rstd = rmsnorm(q, q_norm, eps)
+        k, k_rstd = rmsnorm(k, k_norm, eps)
+    q = xp.concatenate(_rotate(q, c, s), axis=-1)
+    k = xp.concatenate(_rotate(k, c, s), axis=-1)
+    out = xp.concatenate([q, k, v], axis=1).reshape(qkv.shape)
+    return out.astype(qkv.dtype, copy=False), q_rstd, k_rstd
+
+
+def qk_norm_rope_backward(
+    dout, qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, q_rstd, k_rstd, dq_norm, dk_norm
+):
+    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated."""
+    xp = xp_of(dout)
+    dq, dk, dv = _heads(dout, num_heads, num_kv_heads)
+    c, s = cos[positions], sin[positions]
+    dq = xp.concatenate(_unrotate(dq, c, s), axis=-1)
+    dk = xp.concatenate(_unrotate(dk, c, s), axis=-1)
+    if q_norm is not None:
+        q, k, _ = _heads(qkv, num_heads, num_kv_heads)
+        dq = rmsnorm_backward(dq, q, q_norm, q_rstd, dq_norm)
+        dk = rmsnorm_backward(dk, k, k_norm, k_rstd, dk_norm)
+    return xp.concatenate([dq, dk, dv], axis=1).reshape(qkv.shape).astype(qkv.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Causal attention over packed variable-length sequences, with grouped-query heads
+
+
+def _segments(cu_seqlens):
+    cu = [int(c) for c in (cu_seqlens.get() if hasattr(cu_seqlens, "get") else cu_seqlens)]
+    return list(zip(cu[:-1], cu[1:]))
+
+
+def _expand_kv(x, group):
+    """(L, K, D) -> (K*group, L, D): each kv head repeated for the `group` query heads that share it."""
+    return x.transpose(1, 0, 2).repeat(group, axis=0)
+
+
+def attention(q, k, v, cu_seqlens, scale):
+    """Causal softmax(q k^T * scale) v within each sequence.
+
+    q (T, H, D), k and v (T, K, D) with H % K == 0, cu_seqlens (S+1,) int32.
+    Returns o (T, H, D) in q's dtype and lse (H, T) fp32, the log-sum-exp of each row's scaled scores.
+    """
+    xp = xp_of(q)
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    o = xp.zeros((T, H, D), np.float32)
+    lse = xp.zeros((H, T), np.float32)
+    for a, b in _segments(cu_seqlens):
+        qs = _f32(q[a:b]).transpose(1, 0, 2)  # (H, L, D)
+        ks, vs = _expand_kv(_f32(k[a:b]), group), _expand_kv(_f32(v[a:b]), group)
+        scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(scale)  # (H, L, L)
+        L = b - a
+        scores = xp.where(xp.tril(xp.ones((L, L), dtype=bool)), scores, -np.inf)
+        m = scores.max(axis=-1, keepdims=True)
+        p = xp.exp(scores - m)
+        denom = p.sum(axis=-1, keepdims=True)
+        o[a:b] = ((p / denom) @ vs).transpose(1, 0, 2)
+        lse[:, a:b] = (m + xp.log(denom))[..., 0]
+    return o.astype(q.dtype, copy=False), lse
+
+
+def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
+    """Gradient of `attention`, recomputing the probabilities from lse. Returns dq, dk, dv."""
+    xp = xp_of(q)
+    T, H, D = q.shape
+    K = k.shape[1]
+    group = H // K
+    dq = xp.zeros((T, H, D), np.float32)
+    dk = xp.zeros((T, K, D), np.float32)
+    dv = xp.zeros((T, K, D), np.float32)
+    for a, b in _segments(cu_seqlens):
+        L = b - a
+        qs = _f32(q[a:b]).transpose(1, 0, 2)
+        ks, vs = _expand_kv(_f32(k[a:b]), group), _expand_kv(_f32(v[a:b]), group)
+        dos, os_ = _f32(do[a:b]).transpose(1, 0, 2), _f32(o[a:b]).transpose(1, 0, 2)
+        scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(scale)
+        p = xp.where(xp.tril(xp.ones((L, L), dtype=bool)), xp.exp(scores - lse[:, a:b, None]), 0.0)
+        dvs = p.transpose(0, 2, 1) @ dos  # (H, L, D)
+        dp = dos @ vs.transpose(0, 2, 1)
+        delta = (dos * os_).sum(axis=-1, keepdims=True)
+        ds = p * (dp - delta) * np.float32(scale)
+        dq[a:b] = (ds @ ks).transpose(1, 0, 2)
+        dks = ds.transpose(0, 2, 1) @ qs  # (H, L, D)
+        dk[a:b] = dks.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
+        dv[a:b] = dvs.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Paged KV cache (inference engine)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    """Write k, v (T, K, D) into the caches (num_blocks, block_size, K, D) at flat slots; slot -1 skips."""
+    xp = xp_of(k)
+    slots = xp.asarray(slot_mapping)
+    keep = slots >= 0
+    kc = k_cache.reshape(-1, *k_cache.shape[2:])
+    vc = v_cache.reshape(-1, *v_cache.shape[2:])
+    kc[slots[keep]] = k[keep].astype(k_cache.dtype, copy=False)
+    vc[slots[keep]] = v[keep].astype(v_cache.dtype, copy=False)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """Causal attention of new query tokens against each sequence's cached keys and values.
+
+    q (T, H, D): the new tokens of S sequences, packed by cu_seqlens_q (S+1,). Their keys and values are
+    already in the caches (num_blocks, block_size, K, D). block_tables (S, max_blocks) int32 maps each
+    sequence's logical blocks to physical ones; context_lens (S,) counts its cached tokens including the
+    new ones. Query i of a sequence with n new tokens sits at position context_len - n + i and sees keys
+    0..that position. Returns o (T, H, D) in q's dtype.
+    """
+    xp = xp_of(q)
+    T, H, D = q.shape
+    block_size, K = k_cache.shape[1], k_cache.shape[2]
+    group = H // K
+    o = xp.zeros((T, H, D), np.float32)
+    tables = block_tables.get() if hasattr(block_tables, "get") else np.asarray(block_tables)
+    lens = context_lens.get() if hasattr(context_lens, "get") else np.asarray(context_lens)
+    for s, (a, b) in enumerate(_segments(cu_seqlens_q)):
+        ctx = int(lens[s])
+        nblocks = -(-ctx // block_size)
+        blocks = xp.asarray(tables[s, :nblocks])
+        ks = k_cache[blocks].reshape(-1, K, D)[:ctx]
+        vs = v_cache[blocks].reshape(-1, K, D)[:ctx]
+        qs = _f32(q[a:b]).transpose(1, 0, 2)  # (H, n, D)
+        scores = (qs @ _expand_kv(_f32(ks), group).transpose(0, 2, 1)) * np.float32(scale)  # (H, n, ctx)
+        qpos = ctx - (b - a) + xp.arange(b - a)
+        scores = xp.where(xp.arange(ctx)[None, :] <= qpos[:, None], scores, -np.inf)
+        p = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        o[a:b] = (p @ _expand_kv(_f32(vs), group)).transpose(1, 0, 2)
+    return o.astype(q.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SwiGLU MLP activation
+
+
+def swiglu(gate_up):
+    """gate_up (T, 2I) = [gate | up] -> silu(gate) * up (T, I)."""
+    xp = xp_of(gate_up)
+    g = _f32(gate_up)
+    n = g.shape[-1] // 2
+    gate, up = g[:, :n], g[:, n:]
+    return (gate / (1.0 + xp.exp(-gate)) * up).astype(gate_up.dtype, copy=False)
+
+
+def swiglu_backward(da, gate_up):
+    """Gradient of `swiglu`: returns d gate_up (T, 2I)."""
+    xp = xp_of(da)
+    g = _f32(gate_up)
+    n = g.shape[-1] // 2
+    gate, up = g[:, :n], g[:, n:]
+    daf = _f32(da)
+    sig = 1.0 / (1.0 + xp.exp(-gate))
+    silu = gate * sig
+    dgate = daf * up * sig * (1.0 + gate * (1.0 - sig))
+    return xp.concatenate([dgate, daf * silu], axis=1).astype(gate_up.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LM head: logits are only ever built for a chunk of tokens at a time
+
+
+def lm_head_logits(h, w, inv_temperature=1.0):
+    """Logits of a few rows (the engine's last tokens): h (B, C), w (V, C) -> (B, V) fp32."""
+    return (_f32(h) @ _f32(w).T) * np.float32(inv_temperature)
+
+
+def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK):
+    """Log-probability of each target token under softmax(h @ w.T * inv_temperature).
+
+    h (T, C), w (V, C), targets (T,) int32. Returns logprobs (T,), lse (T,) and entropy (T,), all fp32.
+    The (T, V) logits are never held whole: at most chunk_size x V at a time.
+    """
+    xp = xp_of(h)
+    T = h.shape[0]
+    logprobs = xp.empty(T, np.float32)
+    lse = xp.empty(T, np.float32)
+    entropy = xp.empty(T, np.float32)
+    wf = _f32(w)
+    for a in range(0, T, chunk_size):
+        b = min(a + chunk_size, T)
+        logits = (_f32(h[a:b]) @ wf.T) * np.float32(inv_temperature)
+        m = logits.max(axis=-1, keepdims=True)
+        e = xp.exp(logits - m)
+        z = e.sum(axis=-1, keepdims=True)
+        row_lse = (m + xp.log(z))[:, 0]
+        lse[a:b] = row_lse
+        logprobs[a:b] = logits[xp.arange(b - a), targets[a:b]] - row_lse
+        entropy[a:b] = row_lse - (e * logits).sum(axis=-1) / z[:, 0]
+    return logprobs, lse, entropy
+
+
+def lm_head_backward(dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK):
+    """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ..., returns dh (T, C) in h's dtype."""
+    xp = xp_of(h)
+    T = h.shape[0]
+    dh = xp.empty(h.shape, np.float32)
+    wf = _f32(w)
+    t = np.float32(inv_temperature)
+    for a in range(0, T, chunk_size):
+        b = min(a + chunk_size, T)
+        hf = _f32(h[a:b])
+        probs = xp.exp((hf @ wf.T) * t - lse[a:b, None])
+        g = _f32(dlogprobs[a:b])
+        dlogits = -probs * g[:, None]
+        dlogits[xp.arange(b - a), targets[a:b]] += g
+        dlogits *= t
+        dh[a:b] = dlogits @ wf
+        dw += (dlogits.T @ hf).astype(dw.dtype, copy=False)
+    return dh.astype(h.dtype, copy=False)
