@@ -110,16 +110,21 @@ class ModelConfig:
         eps = d.get("rms_norm_eps", 1e-6)
         if not isinstance(eps, (int, float)) or not eps > 0:
             raise fail("rms_norm_eps", f"must be a positive number, got {eps!r}")
-        theta = d.get("rope_theta", 10000.0)
+        rope_params = d.get("rope_parameters") or {}  # transformers >= 5 nests theta and scaling here
+        if not isinstance(rope_params, dict):
+            raise fail("rope_parameters", f"expected an object, got {rope_params!r}")
+        theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
         if not isinstance(theta, (int, float)) or not theta > 0:
             raise fail("rope_theta", f"must be a positive number, got {theta!r}")
-        scaling = _rope_scaling_of(d, fail)
+        scaling = _rope_scaling_of(d.get("rope_scaling") or rope_params or None, fail)
         if d.get("hidden_act", "silu") != "silu":
             raise fail("hidden_act", f"only 'silu' is supported, got {d['hidden_act']!r}")
         bias = d.get("attention_bias", FAMILIES[arch].default_qkv_bias)
         if not isinstance(bias, bool):
             raise fail("attention_bias", f"must be true or false, got {bias!r}")
-        known = {f.name for f in dataclasses.fields(cls)} | {"architectures", "model_type", "hidden_act"}
+        known = {f.name for f in dataclasses.fields(cls)} | {
+            "architectures", "model_type", "hidden_act", "rope_parameters", "dtype"
+        }
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -205,8 +210,7 @@ def _architecture_of(d: dict, source: str) -> str:
     return arch
 
 
-def _rope_scaling_of(d: dict, fail) -> dict | None:
-    scaling = d.get("rope_scaling")
+def _rope_scaling_of(scaling, fail) -> dict | None:
     if scaling is None:
         return None
     if not isinstance(scaling, dict):
@@ -219,4 +223,4 @@ def _rope_scaling_of(d: dict, fail) -> dict | None:
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
         if not isinstance(scaling.get(key), (int, float)):
             raise fail("rope_scaling", f"llama3 scaling needs a number for '{key}'")
-    return dict(scaling)
+    return {k: v for k, v in scaling.items() if k != "rope_theta"}

@@ -1,0 +1,221 @@
+"""The model: weights in one flat buffer, a forward pass for the engine and forward + backward for training.
+
+Design:
+- One definition for every family; `ModelConfig` carries the differences (q/k norm, qkv bias, rope
+  scaling, tied head).
+- The engine and the trainer share `self.params`: the optimizer writes the working weights in place and the
+  next generation reads them. Nothing is copied or synced.
+- Training runs over packed sequences (cu_seqlens, positions); the LM head is chunked inside the ops, so
+  no (tokens, vocab) fp32 matrix exists. Gradient checkpointing keeps only each layer's input and
+  recomputes the layer during backward.
+- Training losses are the caller's: `forward_backward` hands the per-token log-probs to a loss function
+  that returns (loss, d loss / d log-probs, metrics), and backpropagates from there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from barerl.backend import get_backend
+from barerl.config import ModelConfig
+from barerl.model.backward import layer_backward
+from barerl.model.forward import RopeContext, layer_forward
+from barerl.model.rope import rope_tables
+from barerl.model.weights import ParameterBuffer, parameter_shapes
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name in ("float32", "float16"):
+        return np.dtype(name)
+    raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
+
+
+@dataclass
+class PackedBatch:
+    """Sequences concatenated with no padding. targets[t] is the token predicted at t."""
+
+    input_ids: np.ndarray  # (T,) int32
+    targets: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32, position within its own sequence
+    cu_seqlens: np.ndarray  # (S+1,) int32, sequence boundaries
+
+    @classmethod
+    def from_sequences(cls, sequences: list[list[int]]) -> PackedBatch:
+        """Pack token lists; each sequence predicts its own next tokens (the last target is 0)."""
+        ids, targets, positions, cu = [], [], [], [0]
+        for seq in sequences:
+            if len(seq) == 0:
+                raise ValueError("cannot pack an empty sequence")
+            ids += seq
+            targets += list(seq[1:]) + [0]
+            positions += range(len(seq))
+            cu.append(cu[-1] + len(seq))
+        as32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+        return cls(as32(ids), as32(targets), as32(positions), as32(cu))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+LossFn = Callable[[object, object], tuple[float, object, dict]]
+
+
+class Model:
+    def __init__(self, cfg: ModelConfig, params: ParameterBuffer, device: str = "cpu"):
+        self.cfg = cfg
+        self.params = params
+        self.device = device
+        self.backend = get_backend(device)
+        self.xp = self.backend.xp_of(params.flat)
+        self.dtype = params.flat.dtype
+        self.attention_scale = cfg.head_dim**-0.5
+        self._rope_positions = 0
+        self._ensure_rope(min(cfg.max_position_embeddings, 4096))
+
+    # -- construction ---------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32") -> Model:
+        from barerl.model.checkpoint import load_checkpoint
+
+        cfg, params = load_checkpoint(path, dtype=dtype, xp=_xp_for(device))
+        return cls(cfg, params, device)
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> Model:
+        """Hugging Face-style init: normal(0, 0.02) matrices, unit norms, zero biases."""
+        rng = np.random.default_rng(seed)
+        xp = _xp_for(device)
+        params = ParameterBuffer.zeros(cfg, xp, resolve_dtype(dtype))
+        for name, shape in parameter_shapes(cfg):
+            if name.endswith("norm.weight"):
+                value = np.ones(shape, np.float32)
+            elif name.endswith(".bias"):
+                value = np.zeros(shape, np.float32)
+            else:
+                value = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+            params[name][...] = xp.asarray(value.astype(params.flat.dtype))
+        return cls(cfg, params, device)
+
+    def _ensure_rope(self, num_positions: int) -> None:
+        if num_positions <= self._rope_positions:
+            return
+        cos, sin = rope_tables(self.cfg, num_positions)
+        self._cos, self._sin = self.xp.asarray(cos), self.xp.asarray(sin)
+        self._rope_positions = num_positions
+
+    def _rope(self, positions) -> RopeContext:
+        self._ensure_rope(int(positions.max()) + 1 if positions.size else 1)
+        return RopeContext(self.xp.asarray(positions), self._cos, self._sin)
+
+    # -- inference (engine) -----------------------------------------------------------------------------
+    def kv_cache_bytes_per_token(self) -> int:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int):
+        """(2, L, num_blocks, block_size, K, D) in the model dtype on the model's device."""
+        c = self.cfg
+        shape = (2, c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        return self.xp.zeros(shape, dtype=self.dtype)
+
+    def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache):
+        """New tokens of S sequences against their paged KV cache -> (S, V) fp32 logits of each last token."""
+        ops, xp, p = self.backend, self.xp, self.params
+        rope = self._rope(positions)
+        cu = xp.asarray(cu_seqlens_q)
+        lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
+        x = ops.embedding(xp.asarray(input_ids), p.embed)
+        for i, w in enumerate(p.layers):
+            k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
+
+            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
+                ops.store_kv(k, v, k_cache, v_cache, slots)
+                o = ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale)
+                return o, None
+
+            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend)
+        last = x[cu[1:] - 1]
+        h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
+        return ops.lm_head_logits(h, p.lm_head)
+
+    # -- training -----------------------------------------------------------------------------------------
+    def _packed_inputs(self, batch: PackedBatch):
+        xp = self.xp
+        return xp.asarray(batch.input_ids), xp.asarray(batch.targets), xp.asarray(batch.cu_seqlens)
+
+    def _attend_packed(self, cu_seqlens):
+        return lambda q, k, v: self.backend.attention(q, k, v, cu_seqlens, self.attention_scale)
+
+    def hidden_states(self, batch: PackedBatch, keep: bool = False, checkpoint: bool = True):
+        """Final-normed hidden states (T, C) and what backward needs."""
+        ops, p, cfg = self.backend, self.params, self.cfg
+        ids, _, cu = self._packed_inputs(batch)
+        rope = self._rope(batch.positions)
+        attend = self._attend_packed(cu)
+        x = ops.embedding(ids, p.embed)
+        layer_inputs, saved = [], []
+        for w in p.layers:
+            layer_inputs.append(x)
+            x, acts = layer_forward(ops, cfg, w, x, rope, attend, keep=keep and not checkpoint)
+            saved.append(acts)
+        h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
+        return h, dict(x_final=x, rstd_final=rstd, layer_inputs=layer_inputs, saved=saved, rope=rope, cu=cu)
+
+    def logprobs(self, batch: PackedBatch, temperature: float = 1.0):
+        """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient."""
+        h, _ = self.hidden_states(batch)
+        logp, _, entropy = self.backend.lm_head_logprobs(
+            h, self.params.lm_head, self.xp.asarray(batch.targets), 1.0 / temperature
+        )
+        return logp, entropy
+
+    def forward_backward(
+        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, temperature: float = 1.0,
+        checkpoint: bool = True,
+    ) -> tuple[float, dict]:
+        """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
+
+        Gradients accumulate into `grads` (zero it once per optimizer step), so micro-batches add up.
+        """
+        ops, p, cfg = self.backend, self.params, self.cfg
+        inv_t = 1.0 / temperature
+        h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint)
+        targets = self.xp.asarray(batch.targets)
+        logp, lse, entropy = ops.lm_head_logprobs(h, p.lm_head, targets, inv_t)
+        loss, dlogp, metrics = loss_fn(logp, entropy)
+        dh = ops.lm_head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, p.lm_head, targets, lse, grads.lm_head, inv_t)
+        dx = ops.rmsnorm_backward(dh, fwd["x_final"], p.final_norm, fwd["rstd_final"], grads.final_norm)
+        rope, cu = fwd["rope"], fwd["cu"]
+        attend = self._attend_packed(cu)
+        for i in reversed(range(cfg.num_hidden_layers)):
+            acts = fwd["saved"][i]
+            if acts is None:  # checkpointed: recompute this layer from its input
+                _, acts = layer_forward(ops, cfg, p.layers[i], fwd["layer_inputs"][i], rope, attend, keep=True)
+            dx = layer_backward(ops, cfg, p.layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
+            fwd["saved"][i] = None
+        ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
+        return loss, metrics
+
+    def zeros_like_params(self, dtype="float32") -> ParameterBuffer:
+        return ParameterBuffer.zeros(self.cfg, self.xp, resolve_dtype(dtype))
+
+
+def _xp_for(device: str):
+    if device == "cpu":
+        return np
+    if device == "cuda":
+        import cupy
+
+        return cupy
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
