@@ -1,0 +1,92 @@
+"""Reference optimizer ops: global gradient norm and a fused AdamW step over one flat parameter buffer.
+
+Every trainable tensor lives in one flat buffer (`model.weights.ParameterBuffer`), and the gradients, the
+fp32 master copy and both moments share its layout, so the whole optimizer is a single elementwise pass
+over flat (N,) arrays. The signatures are the CUDA kernels' contracts:
+
+- `grad_norm(grad)`: one reduction, fp32 accumulation whatever the gradient dtype.
+- `adamw_step(...)`: reads grad, updates master and the moments in place and writes the working weights
+  (bf16 / fp16 / fp32, what forward passes and the inference engine read) in place: that write is how
+  the engine sees the update. Weight decay is selected per element by `decay_mask` (uint8/bool, 1 byte per
+  parameter), which a kernel reads with plain indexing; `None` decays everything.
+- `grad_scale` multiplies the gradient on the fly (gradient clipping, 1/num_tokens normalisation), so the
+  gradient buffer is never rewritten.
+
+The math is torch.optim.AdamW's (decoupled decay, bias correction on the step size and on sqrt(v)). The
+arrays are processed in chunks, as a kernel's grid would, so the temporaries stay small on a large model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from barerl.backend.ref.nn import xp_of
+
+__all__ = ["adamw_step", "grad_norm"]
+
+CHUNK = 1 << 20  # elements per chunk: bounds the fp32 temporaries (a few MiB each)
+
+
+def grad_norm(grad) -> float:
+    """Global L2 norm of a flat gradient (N,), accumulated in fp32 (then fp64 across chunks)."""
+    xp = xp_of(grad)
+    total = 0.0
+    for start in range(0, grad.shape[0], CHUNK):
+        g = grad[start : start + CHUNK].astype(np.float32, copy=False)
+        total += float(xp.dot(g, g))
+    return math.sqrt(total)
+
+
+def adamw_step(
+    master,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    decay_mask,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float = 1.0,
+    working_out=None,
+) -> None:
+    """One AdamW update, in place, on flat (N,) arrays.
+
+    master (N,) fp32       parameters, updated in place
+    grad (N,) any float     read only; the gradient used is grad * grad_scale
+    exp_avg, exp_avg_sq     (N,) fp32 first and second moments, updated in place
+    decay_mask (N,) or None nonzero where weight decay applies; None: everywhere
+    step                    1-based count of this update (bias correction)
+    working_out (N,) or None the working weights, overwritten with master cast to their dtype
+    """
+    if step < 1:
+        raise ValueError(f"adamw_step: step is 1-based, got {step}")
+    n = master.shape[0]
+    for name, a in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq),
+                    ("decay_mask", decay_mask), ("working_out", working_out)):
+        if a is not None and a.shape != (n,):
+            raise ValueError(f"adamw_step: {name} has shape {a.shape}, master has ({n},)")
+    step_size = lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    decay = np.float32(1.0 - lr * weight_decay)
+    for start in range(0, n, CHUNK):
+        s = slice(start, start + CHUNK)
+        p, m, v = master[s], exp_avg[s], exp_avg_sq[s]
+        g = grad[s].astype(np.float32) * np.float32(grad_scale)
+        if weight_decay != 0.0:
+            if decay_mask is None:
+                p *= decay
+            else:
+                p *= xp_of(p).where(decay_mask[s] != 0, decay, np.float32(1.0))
+        m *= np.float32(beta1)
+        m += np.float32(1.0 - beta1) * g
+        v *= np.float32(beta2)
+        v += np.float32(1.0 - beta2) * g * g
+        denom = xp_of(p).sqrt(v) / np.float32(bias_correction2_sqrt) + np.float32(eps)
+        p -= np.float32(step_size) * m / denom
+        if working_out is not None:
+            working_out[s] = p.astype(working_out.dtype)

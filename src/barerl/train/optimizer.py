@@ -1,0 +1,121 @@
+"""AdamW over the flat parameter buffer: fp32 master weights, fp32 moments, one fused update per step.
+
+Design:
+- The optimizer owns four flat fp32 buffers laid out like the model's (`ParameterBuffer`): gradients,
+  master weights and the two moments. Backward passes accumulate into `grads`; `step` turns them into an
+  update of the master weights and writes the working weights (the model's own buffer, which the engine
+  reads) in the same pass. When the working weights are already fp32 they *are* the master weights: no
+  second copy is kept.
+- Weight decay skips norms and biases, as Hugging Face's Trainer does (`is_norm_or_bias`); the selection is
+  a per-element mask built once, so the update stays one elementwise pass.
+- Clipping by global norm is folded into the update as a gradient scale (torch's `clip_grad_norm_`
+  formula), so the gradient buffer is never rewritten. A step whose gradient norm is not finite is skipped
+  (nothing changes, the step count does not advance) and reported in the metrics.
+- Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
+  `backend.adamw_step`, so this file is the same on every device.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import numpy as np
+
+from barerl.model.weights import ParameterBuffer, is_norm_or_bias
+
+ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
+
+
+class AdamW:
+    def __init__(
+        self,
+        params: ParameterBuffer,
+        backend: ModuleType,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+    ):
+        self.params = params  # working weights: the model's buffer, rewritten by every step
+        self.backend = backend
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.max_grad_norm = max_grad_norm
+        self.step_count = 0
+        cfg, xp = params.cfg, backend.xp_of(params.flat)
+        self.shares_master = params.flat.dtype == np.float32
+        master_flat = params.flat if self.shares_master else params.flat.astype(np.float32)
+        self.master = ParameterBuffer(cfg, master_flat)
+        self.exp_avg = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self.exp_avg_sq = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self.grads = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
+
+    def _build_decay_mask(self, xp):
+        mask = np.ones(self.master.flat.shape[0], dtype=np.uint8)
+        for name, (offset, shape) in self.master.offsets.items():
+            if is_norm_or_bias(name):
+                mask[offset : offset + math.prod(shape)] = 0
+        return xp.asarray(mask)
+
+    def zero_grad(self) -> None:
+        self.grads.flat.fill(0)
+
+    def step(self, lr: float, grad_scale: float = 1.0) -> dict:
+        """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
+
+        Returns metrics: grad_norm (of grad * grad_scale, before clipping), clipped (1.0 if clipping
+        scaled the update down), skipped (1.0 if the norm was not finite and nothing was updated), lr.
+        """
+        norm = self.backend.grad_norm(self.grads.flat) * abs(grad_scale)
+        metrics = {"grad_norm": norm, "clipped": 0.0, "skipped": 0.0, "lr": lr}
+        if not math.isfinite(norm):
+            metrics["skipped"] = 1.0
+            return metrics
+        scale = grad_scale
+        if self.max_grad_norm is not None and self.max_grad_norm > 0:
+            clip_coef = self.max_grad_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_
+            if clip_coef < 1.0:
+                scale *= clip_coef
+                metrics["clipped"] = 1.0
+        self.step_count += 1
+        self.backend.adamw_step(
+            self.master.flat, self.grads.flat, self.exp_avg.flat, self.exp_avg_sq.flat, self.decay_mask,
+            lr, self.beta1, self.beta2, self.eps, self.weight_decay, self.step_count, grad_scale=scale,
+            working_out=None if self.shares_master else self.params.flat,
+        )
+        return metrics
+
+    def hyperparameters(self) -> dict:
+        return {"betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
+                "max_grad_norm": self.max_grad_norm}
+
+    def state_dict(self) -> dict:
+        """{"step": int, "hyperparameters": dict, "arrays": {name: flat fp32 array (NumPy or CuPy)}}."""
+        arrays = {"master": self.master.flat, "exp_avg": self.exp_avg.flat, "exp_avg_sq": self.exp_avg_sq.flat}
+        return {"step": self.step_count, "hyperparameters": self.hyperparameters(), "arrays": arrays}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy a state_dict's arrays (NumPy or CuPy) into this optimizer, then refresh the working weights.
+
+        Hyperparameters are not taken from the state: the run's config decides them (a resumed run may
+        change e.g. weight decay on purpose).
+        """
+        arrays = state["arrays"]
+        missing = [k for k in ARRAY_KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"optimizer state lacks arrays {missing}")
+        xp = self.backend.xp_of(self.master.flat)
+        for key in ARRAY_KEYS:
+            target = getattr(self, key).flat
+            if tuple(arrays[key].shape) != tuple(target.shape):
+                raise ValueError(
+                    f"optimizer state {key!r} has shape {tuple(arrays[key].shape)}, this model needs "
+                    f"{tuple(target.shape)} (a checkpoint of another model?)"
+                )
+            target[...] = xp.asarray(arrays[key], dtype=np.float32)
+        if not self.shares_master:
+            self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)
+        self.step_count = int(state["step"])
