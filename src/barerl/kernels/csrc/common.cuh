@@ -1,0 +1,77 @@
+// Shared device helpers for every barerl kernel.
+//
+// Element type: each .cu is compiled once per storage dtype with -DDTYPE=<float | __half | __nv_bfloat16>
+// (barerl.kernels.build.ctype); `scalar_t` is that type. All arithmetic is fp32: load with to_float,
+// store with from_float<T> (round to nearest even).
+// Vectors: VEC = elements of scalar_t in 16 bytes; load_vec/store_vec move VEC elements as one 16-byte access
+// (the pointer must be 16-byte aligned: launchers check row lengths are multiples of VEC).
+// Reductions: warp_sum/warp_max over the 32 lanes; block_sum/block_max over the block (blockDim.x a
+// multiple of 32, at most 1024), every thread gets the result; they use 32 floats of static shared memory.
+// NVRTC-friendly: no standard library headers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#ifndef DTYPE
+#define DTYPE __nv_bfloat16
+#endif
+typedef DTYPE scalar_t;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+constexpr int VEC = 16 / sizeof(scalar_t);
+#define NEG_INF __int_as_float(0xff800000)
+
+// VEC elements at p (16-byte aligned) -> out[0..VEC) as fp32.
+__device__ __forceinline__ void load_vec(const scalar_t* p, float* out) {
+    uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const scalar_t* e = reinterpret_cast<const scalar_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
+}
+
+// in[0..VEC) rounded to scalar_t -> p (16-byte aligned).
+__device__ __forceinline__ void store_vec(scalar_t* p, const float* in) {
+    uint4 raw;
+    scalar_t* e = reinterpret_cast<scalar_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) e[i] = from_float<scalar_t>(in[i]);
+    *reinterpret_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide reduction; all threads of the block must call it (it holds two __syncthreads).
+template <bool IS_MAX>
+__device__ __forceinline__ float block_reduce(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // `partial` may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < num_warps ? partial[lane] : (IS_MAX ? NEG_INF : 0.0f);
+    return IS_MAX ? warp_max(v) : warp_sum(v);
+}
+
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }

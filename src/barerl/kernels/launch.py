@@ -1,0 +1,29 @@
+"""Small helpers shared by the kernel launchers: argument packing and launch geometry."""
+
+from __future__ import annotations
+
+import numpy as np
+
+NULL = np.uint64(0)  # a null pointer argument (the kernel's optional input is absent)
+
+
+def ptr(x):
+    """The array itself as a kernel pointer argument, or a null pointer for None."""
+    return NULL if x is None else x
+
+
+def num_blocks(total: int, threads: int, cap: int = 132 * 16) -> int:
+    """Blocks for a grid-stride loop over `total` items: enough to fill the GPU, at least one."""
+    return max(1, min(cap, -(-total // threads)))
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def contiguous(x):
+    """x itself when C-contiguous, else a contiguous copy (kernels index rows as dense)."""
+    import cupy
+
+    return x if x.flags.c_contiguous else cupy.ascontiguousarray(x)

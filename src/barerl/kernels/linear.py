@@ -1,0 +1,70 @@
+"""Linear layers on cuBLAS: y = x @ w.T (+ bias + residual), and its backward with fp32 accumulation.
+
+The bias/residual epilogue: `out` is prefilled with bias + residual by one small kernel (csrc/linear.cu), then
+the GEMM adds x @ w.T with beta = 1, so the result is rounded to the output dtype once more than the
+reference (which sums in fp32): well inside bf16 tolerance. Weight gradients accumulate with beta = 1 into
+`dw` in its own dtype (fp32 grads: no rounding of the sum); the bias gradient is a GEMM with a ones vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.cublas import gemm
+from barerl.kernels.launch import num_blocks, ptr
+
+_ones: dict[tuple, object] = {}
+
+
+def _cast(x, dtype):
+    return x if x is None or x.dtype == dtype else x.astype(dtype)
+
+
+def linear(x, w, bias=None, residual=None):
+    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N) in x's dtype."""
+    import cupy
+
+    w, bias, residual = _cast(w, x.dtype), _cast(bias, x.dtype), _cast(residual, x.dtype)
+    out = cupy.empty((x.shape[0], w.shape[0]), x.dtype)
+    if bias is None and residual is None:
+        return gemm(x, w, out, transb=True)
+    if residual is not None:
+        residual = cupy.ascontiguousarray(residual)
+    kernel = load_kernel("linear.cu", "bias_residual_fill", {"DTYPE": ctype(x.dtype)})
+    kernel((num_blocks(out.size, 256),), (256,), (out, ptr(bias), ptr(residual), np.int64(out.shape[0]),
+                                                np.int32(out.shape[1])))
+    return gemm(x, w, out, transb=True, beta=1.0)
+
+
+def _ones_column(n: int, dtype):
+    """A cached (n, 1) ones matrix: dbias += dy.T @ ones sums dy's rows on cuBLAS."""
+    import cupy
+
+    key = (cupy.cuda.Device().id, np.dtype(dtype).name)
+    ones = _ones.get(key)
+    if ones is None or ones.shape[0] < n:
+        ones = cupy.ones((max(n, 4096), 1), dtype=np.float32).astype(dtype)
+        _ones[key] = ones
+    return ones[:n]
+
+
+def linear_backward(dy, x, w, dw, dbias=None):
+    """dw (N, K) += dy.T @ x; dbias (N,) += sum(dy); returns dx = dy @ w (T, K) in x's dtype."""
+    import cupy
+
+    w = _cast(w, dy.dtype)
+    x = _cast(x, dy.dtype)
+    gemm(dy, x, dw, transa=True, beta=1.0)
+    if dbias is not None:
+        gemm(dy, _ones_column(dy.shape[0], dy.dtype), dbias.reshape(-1, 1), transa=True, beta=1.0)
+    dx = cupy.empty((dy.shape[0], w.shape[1]), x.dtype)
+    return gemm(dy, w, dx)
+
+
+def lm_head_logits(h, w, inv_temperature=1.0):
+    """Logits of a few rows (the engine's last tokens): h (B, C), w (V, C) -> (B, V) fp32."""
+    import cupy
+
+    out = cupy.empty((h.shape[0], w.shape[0]), np.float32)
+    return gemm(h, _cast(w, h.dtype), out, transb=True, alpha=float(inv_temperature))

@@ -1,0 +1,66 @@
+"""cuBLAS linear layers (kernels/linear.py, kernels/cublas.py) against the reference ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_harness import DTYPES, FP32, assert_close, f32, poison
+
+from barerl.backend import ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 64, 32), (77, 200, 136), (512, 1024, 3072)])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both"])
+def test_linear(draw, dtype, shape, epilogue):
+    from barerl.backend import cuda
+
+    T, K, N = shape
+    x, w = draw.normal((T, K), dtype), draw.normal((N, K), dtype, K**-0.5)
+    bias = draw.normal((N,), dtype) if epilogue in ("bias", "both") else None
+    residual = draw.normal((T, N), dtype) if epilogue in ("residual", "both") else None
+    out = cuda.linear(x, w, bias, residual)
+    want = ref.linear(f32(x), f32(w), None if bias is None else f32(bias), None if residual is None else f32(residual))
+    assert out.dtype == dtype
+    assert_close("y", out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 48, 40), (300, 256, 520)])
+def test_linear_backward(draw, dtype, shape):
+    import cupy
+
+    from barerl.backend import cuda
+
+    T, K, N = shape
+    dy, x, w = draw.normal((T, N), dtype), draw.normal((T, K), dtype), draw.normal((N, K), dtype)
+    dw, db = draw.normal((N, K), FP32), draw.normal((N,), FP32)  # accumulated into: must not be overwritten
+    dw_ref, db_ref = dw.copy(), db.copy()
+    dx = cuda.linear_backward(dy, x, w, dw, db)
+    dx_ref = ref.linear_backward(f32(dy), f32(x), f32(w), dw_ref, db_ref)
+    assert dx.dtype == dtype and isinstance(dx, cupy.ndarray)
+    assert_close("dx", dx, dx_ref, dtype)
+    assert_close("dw", dw, dw_ref, dtype)
+    assert_close("dbias", db, db_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strided_views_and_poison(draw, dtype):
+    """A GEMM on row-strided views (the q part of a fused qkv) writes every element of a poisoned out."""
+    from barerl.kernels.cublas import gemm
+
+    qkv = draw.normal((70, 3 * 64), dtype)
+    w = draw.normal((96, 64), dtype)
+    out = qkv[:, :96].copy()
+    poison(out)
+    gemm(qkv[:, 64:128], w, out, transb=True)
+    assert_close("view gemm", out, f32(qkv[:, 64:128]) @ f32(w).T, dtype)
+
+
+def test_lm_head_logits(draw):
+    from barerl.backend import cuda
+
+    h, w = draw.normal((5, 128), np.dtype("float32")), draw.normal((1000, 128), np.dtype("float32"))
+    assert_close("logits", cuda.lm_head_logits(h, w, 0.7), ref.lm_head_logits(h, w, 0.7), FP32)
