@@ -1,0 +1,424 @@
+"""Training configs: one frozen dataclass per job (`SFTConfig`, `GRPOConfig`) over a shared `TrainConfig`.
+
+Design:
+- Defaults live only here; every field carries its `--help` text (and, where it has them, its allowed
+  `choices` and bounds) in its metadata, so the CLI, validation and docs are built from the fields.
+- Names and defaults follow Hugging Face's TrainingArguments and TRL's GRPOConfig / SFTConfig where one
+  exists, so a TRL config mostly carries over. The vLLM importance-sampling options lose their `vllm_`
+  prefix (the engine is ours): `importance_sampling_correction`, `importance_sampling_mode` (TRL's four
+  values), `importance_sampling_cap`.
+- One coercion path: `__post_init__` converts every field to its declared type (so "1e-6" from YAML or
+  the command line becomes a float) and validates it; errors are `ConfigError`s naming the key, the
+  expected type and the value. `load_config` adds where the value came from (file or --flag).
+- Sources, later wins: defaults, a YAML or TOML file, then `--key value` overrides. Unknown keys are
+  errors with the closest known key suggested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from barerl.config import ConfigError
+
+T = typing.TypeVar("T", bound="TrainConfig")
+
+
+def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+        max: float | None = None, gt: float | None = None) -> Any:
+    """A config field: default, help text, and optional choices / bounds (min, max inclusive; gt strict)."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "gt": gt}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Options shared by every training job."""
+
+    # What to train on, where to write, where to run
+    model: str | None = opt(None, "Model folder (Hugging Face format: config.json + safetensors + tokenizer).")
+    dataset: str | None = opt(None, "Training data: a JSONL / Parquet file or a `datasets` folder.")
+    eval_dataset: str | None = opt(None, "Evaluation data (same formats as `dataset`).")
+    eval_split: float = opt(0.0, "Fraction of `dataset` held out for evaluation when `eval_dataset` is not "
+                            "given (0: no held-out split).", min=0.0, max=0.5)
+    output_dir: str = opt("outputs", "Folder for checkpoints, metrics.jsonl, samples.jsonl and plots.")
+    run_name: str | None = opt(None, "Name of the run in TensorBoard / W&B (default: the output folder's name).")
+    seed: int = opt(42, "Seed for data order, initialisation and sampling: same seed and config, same run.")
+    device: str = opt("auto", "Where to run: auto (cuda if available), cpu or cuda.",
+                      choices=("auto", "cpu", "cuda"))
+    dtype: str = opt("auto", "Working weight dtype: auto (bfloat16 on cuda, float32 on cpu), bfloat16, "
+                     "float16 or float32. Master weights and optimizer moments are always float32.",
+                     choices=("auto", "bfloat16", "float16", "float32"))
+    # Optimizer and schedule
+    learning_rate: float = opt(5e-5, "Peak learning rate of AdamW.", min=0.0)
+    lr_scheduler_type: str = opt("linear", "Learning-rate schedule after warmup.",
+                                 choices=("constant", "constant_with_warmup", "linear", "cosine"))
+    warmup_ratio: float = opt(0.0, "Fraction of the training steps used for linear warmup "
+                              "(ignored when warmup_steps > 0).", min=0.0, max=1.0)
+    warmup_steps: int = opt(0, "Steps of linear warmup from 0 to learning_rate (overrides warmup_ratio).", min=0)
+    weight_decay: float = opt(0.0, "Decoupled AdamW weight decay (never applied to norms and biases).", min=0.0)
+    adam_beta1: float = opt(0.9, "AdamW beta1.", min=0.0, max=0.999999)
+    adam_beta2: float = opt(0.999, "AdamW beta2.", min=0.0, max=0.999999)
+    adam_epsilon: float = opt(1e-8, "AdamW epsilon.", gt=0.0)
+    max_grad_norm: float | None = opt(1.0, "Clip gradients to this global L2 norm (None or 0: no clipping).",
+                                      min=0.0)
+    # Length of training and batching
+    max_steps: int = opt(-1, "Number of optimizer steps; -1: derived from num_train_epochs.", min=-1)
+    num_train_epochs: float = opt(3.0, "Passes over the dataset (used when max_steps is -1).", gt=0.0)
+    per_device_train_batch_size: int = opt(8, "Sequences per micro-batch (GRPO: completions).", min=1)
+    gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated into one optimizer step.", min=1)
+    max_tokens_per_microbatch: int | None = opt(
+        8192, "Token budget of one packed forward/backward pass: larger batches are split and their "
+        "gradients accumulated (the result does not change). None: one pass per batch.", min=1)
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    # Logging, evaluation, checkpoints
+    logging_steps: int = opt(1, "Log metrics (progress bar, TensorBoard, W&B) every N steps; metrics.jsonl "
+                             "gets every logged step.", min=1)
+    report_to: tuple[str, ...] = opt(("jsonl",), "Where metrics go, comma-separated: jsonl, tensorboard "
+                                     "(needs tensorboardX), wandb (needs wandb), none.",
+                                     choices=("jsonl", "tensorboard", "wandb", "none"))
+    eval_steps: int | None = opt(None, "Evaluate every N steps (None: at the end only).", min=1)
+    save_steps: int = opt(500, "Write a checkpoint every N steps (0: only at the end).", min=0)
+    save_total_limit: int | None = opt(None, "Keep at most this many checkpoints, deleting the oldest.", min=1)
+    resume_from_checkpoint: str | None = opt(None, "Checkpoint folder to resume from, or 'latest' for the "
+                                             "newest complete checkpoint in output_dir.")
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = coerce(f.name, getattr(self, f.name), hints[f.name])
+            _check(f, value)
+            object.__setattr__(self, f.name, value)
+        if self.resume_from_checkpoint is not None and self.resume_from_checkpoint.lower() in ("true", "false"):
+            latest = self.resume_from_checkpoint.lower() == "true"
+            object.__setattr__(self, "resume_from_checkpoint", "latest" if latest else None)
+        if "none" in self.report_to and len(self.report_to) > 1:
+            raise ConfigError(f"report_to: 'none' cannot be combined with others, got {list(self.report_to)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values (tuples as lists), for checkpoints and run metadata."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class SFTConfig(TrainConfig):
+    """Supervised fine-tuning on chat (`messages`), prompt-completion or plain-text data."""
+
+    learning_rate: float = opt(2e-5, "Peak learning rate of AdamW.", min=0.0)
+    max_length: int | None = opt(1024, "Sequences longer than this are truncated (keeping the start). "
+                                 "None: no truncation.", min=1)
+    packing: bool = opt(True, "Pack several sequences into one micro-batch up to max_tokens_per_microbatch "
+                        "(attention stays within each sequence, so the loss does not change).")
+    dataset_text_field: str = opt("text", "Column with the text of language-modeling datasets.")
+    completion_only_loss: bool | None = opt(None, "Loss only on the completion of prompt-completion data. "
+                                            "None: yes for prompt-completion data, full sequence for text.")
+    assistant_only_loss: bool = opt(False, "Loss only on assistant turns of chat (`messages`) data.")
+    shuffle_dataset: bool = opt(True, "Shuffle the training data each epoch.")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(TrainConfig):
+    """GRPO: sample a group of completions per prompt with the engine, score them, update on advantages."""
+
+    learning_rate: float = opt(1e-6, "Peak learning rate of AdamW.", min=0.0)
+    # Rewards
+    reward_funcs: tuple[str, ...] = opt((), "Reward functions, comma-separated or repeated: 'module:function', "
+                                        "'path/to/file.py:function' or a built-in name.")
+    reward_weights: tuple[float, ...] | None = opt(None, "Weight of each reward function (None: all 1.0).")
+    scale_rewards: str = opt("group", "Advantage scaling: group (divide by the group's reward std), batch "
+                             "(by the batch's std) or none (Dr. GRPO). true/false mean group/none.",
+                             choices=("group", "batch", "none", "true", "false"))
+    dynamic_sampling: bool = opt(False, "Drop groups whose rewards are all equal (zero advantage) before the "
+                                 "update, as DAPO does.")
+    # Generation
+    num_generations: int = opt(8, "Completions sampled per prompt (the group size).", min=2)
+    max_prompt_length: int | None = opt(512, "Prompts longer than this are truncated from the left.", min=1)
+    max_completion_length: int = opt(256, "Maximum tokens generated per completion.", min=1)
+    temperature: float = opt(1.0, "Sampling temperature (the trainer's log-probs use the same one).", gt=0.0)
+    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.",
+                       gt=0.0, max=1.0)
+    top_k: int = opt(0, "Keep only the k most likely tokens (0: no top-k).", min=0)
+    min_p: float | None = opt(None, "Drop tokens below min_p times the top token's probability.", min=0.0,
+                              max=1.0)
+    shuffle_dataset: bool = opt(True, "Shuffle the prompts each epoch.")
+    generation_batch_size: int | None = opt(None, "Completions generated at once (None: "
+                                            "per_device_train_batch_size * steps_per_generation).", min=1)
+    steps_per_generation: int | None = opt(None, "Optimizer steps taken on one generation batch (None: "
+                                           "gradient_accumulation_steps).", min=1)
+    # Loss
+    loss_type: str = opt("dapo", "Token aggregation: grpo (per-sequence mean), dr_grpo (divide by "
+                         "max_completion_length), dapo (tokens of the whole step), bnpo (tokens of the "
+                         "micro-batch).", choices=("grpo", "dr_grpo", "dapo", "bnpo"))
+    beta: float = opt(0.0, "KL coefficient to a frozen reference model (0: no reference model is kept).",
+                      min=0.0)
+    epsilon: float = opt(0.2, "Lower clipping range of the importance ratio.", min=0.0)
+    epsilon_high: float | None = opt(None, "Upper clipping range (None: epsilon; DAPO clip-higher uses 0.28).",
+                                     min=0.0)
+    num_iterations: int = opt(1, "Updates per generation batch (mu); old log-probs are kept for the ratio.",
+                              min=1)
+    importance_sampling_level: str = opt("token", "Ratio per token, or per sequence (GSPO).",
+                                         choices=("token", "sequence"))
+    mask_truncated_completions: bool = opt(False, "Exclude completions cut at max_completion_length from the "
+                                           "loss.")
+    importance_sampling_correction: bool = opt(True, "Correct for the engine's sampling log-probs differing "
+                                               "from the trainer's (TIS / MIS).")
+    importance_sampling_mode: str = opt("sequence_mask", "How the correction treats ratios above the cap: "
+                                        "token_truncate, token_mask, sequence_truncate or sequence_mask.",
+                                        choices=("token_truncate", "token_mask", "sequence_truncate",
+                                                 "sequence_mask"))
+    importance_sampling_cap: float = opt(3.0, "Cap C of the importance-sampling correction.", gt=0.0)
+    # Logging
+    log_completions_steps: int = opt(10, "Write sample prompts and completions to samples.jsonl every N steps "
+                                     "(0: never).", min=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.scale_rewards in ("true", "false"):
+            object.__setattr__(self, "scale_rewards", "group" if self.scale_rewards == "true" else "none")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(f"reward_weights: {len(self.reward_weights)} weights for "
+                              f"{len(self.reward_funcs)} reward_funcs {list(self.reward_funcs)}")
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ConfigError("generation_batch_size and steps_per_generation: set at most one")
+        if self.effective_generation_batch_size % self.num_generations:
+            raise ConfigError(
+                f"num_generations: the generation batch ({self.effective_generation_batch_size} completions) "
+                f"must be a multiple of num_generations ({self.num_generations})")
+
+    @property
+    def effective_steps_per_generation(self) -> int:
+        if self.steps_per_generation is not None:
+            return self.steps_per_generation
+        if self.generation_batch_size is not None:
+            return max(1, self.generation_batch_size // self.per_device_train_batch_size)
+        return self.gradient_accumulation_steps
+
+    @property
+    def effective_generation_batch_size(self) -> int:
+        if self.generation_batch_size is not None:
+            return self.generation_batch_size
+        return self.per_device_train_batch_size * self.effective_steps_per_generation
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Coercion and validation
+
+
+def type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args).replace("NoneType", "None")
+    if origin is tuple:
+        return f"list of {type_name(args[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(key: str, value: Any, tp) -> Any:
+    """`value` (from YAML, TOML, the command line or Python) as the field type `tp`, or a ConfigError."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+            return None
+        (inner,) = [a for a in args if a is not type(None)]  # only Optional[X] is used
+        return coerce(key, value, inner)
+    if origin is tuple:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        parts = []
+        for item in items:  # "a,b" and repeated flags both give lists
+            parts += [s.strip() for s in item.split(",") if s.strip()] if isinstance(item, str) else [item]
+        return tuple(coerce(key, p, args[0]) for p in parts)
+    try:
+        return _SCALARS[tp](value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}") from None
+
+
+def _to_bool(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+        return v.strip().lower() in ("true", "yes", "1", "on")
+    raise ValueError(v)
+
+
+def _to_int(v) -> int:
+    if isinstance(v, bool):
+        raise TypeError(v)
+    if isinstance(v, float) and not v.is_integer():
+        raise ValueError(v)
+    return int(v) if isinstance(v, (int, float)) else int(str(v).strip())
+
+
+def _to_float(v) -> float:
+    if isinstance(v, bool):
+        raise TypeError(v)
+    return float(v) if isinstance(v, (int, float)) else float(str(v).strip())
+
+
+def _to_str(v) -> str:
+    if isinstance(v, (list, tuple, dict)) or v is None:
+        raise TypeError(v)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def _check(f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    for v in value if isinstance(value, tuple) else (value,):
+        if v is None:
+            continue
+        if meta.get("choices") and v not in meta["choices"]:
+            raise ConfigError(f"{f.name}: must be one of {list(meta['choices'])}, got {v!r}")
+        low, high, gt = meta.get("min"), meta.get("max"), meta.get("gt")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if (low is not None and v < low) or (high is not None and v > high) or (gt is not None and v <= gt):
+            bounds = [f">= {low}"] * (low is not None) + [f"> {gt}"] * (gt is not None)
+            bounds += [f"<= {high}"] * (high is not None)
+            raise ConfigError(f"{f.name}: must be {' and '.join(bounds)}, got {v!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading: file, then --key value overrides
+
+
+def _unknown_key(cls: type, key: str, source: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{source}: unknown key {key!r} for {cls.__name__}{hint}")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A flat mapping from a .yaml/.yml or .toml file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        parse, errors = yaml.safe_load, yaml.YAMLError
+    elif path.suffix == ".toml":
+        toml = _toml()
+        parse, errors = toml.loads, toml.TOMLDecodeError
+    else:
+        raise ConfigError(f"config file {path}: expected .yaml, .yml or .toml")
+    try:
+        data = parse(text)
+    except errors as e:  # the parsers' messages carry the line number
+        raise ConfigError(f"config file {path}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def _toml():
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError("reading TOML on Python < 3.11 needs tomli (pip install tomli)") from None
+    return tomli
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (naming the flag) instead of exiting."""
+
+    def error(self, message: str):
+        raise ConfigError(f"command line: {message}")
+
+
+def _is_list(tp) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return typing.get_origin(tp) is tuple
+
+
+def _metavar(tp, meta) -> str:
+    if meta.get("choices"):
+        return "{" + ",".join(meta["choices"]) + "}"
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0].__name__.upper()
+        return f"{item}[,{item}...]"
+    return tp.__name__.upper()
+
+
+def _show(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def build_argparser(cls: type, prog: str | None = None) -> argparse.ArgumentParser:
+    """Every field as `--name VALUE` with its help and default (`barerl grpo --help`), plus `--config`.
+
+    Values stay strings (bare bool flags mean true; list flags may repeat); `load_config` converts them.
+    """
+    parser = _Parser(prog=prog, description=cls.__doc__, usage="%(prog)s [--config FILE] [--key VALUE ...]",
+                     allow_abbrev=False, argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of keys; --key flags override it.")
+    common = parser.add_argument_group("training options")
+    own = parser.add_argument_group(f"{cls.__name__} options")
+    shared = {f.name for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, meta = hints[f.name], f.metadata
+        kwargs: dict[str, Any] = {"nargs": "?", "const": "true"} if tp is bool else {}
+        if _is_list(tp):
+            kwargs["action"] = "append"
+        help_text = f"{meta['help']} (default: {_show(f.default)})".replace("%", "%%")
+        group = common if f.name in shared and cls is not TrainConfig else own
+        group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, **kwargs)
+    return parser
+
+
+def parse_overrides(cls: type, tokens: list[str]) -> dict[str, Any]:
+    """['--key', 'value', '--key=value', '--flag', ...] -> {key: raw string(s)}, `config` among them."""
+    namespace, extra = build_argparser(cls).parse_known_args(tokens)
+    if extra:
+        flag = next((t for t in extra if t.startswith("--")), None)
+        if flag is None:
+            raise ConfigError(f"command line: unexpected value {extra[0]!r} (values follow a --key)")
+        raise _unknown_key(cls, flag[2:].partition("=")[0], "command line")
+    return vars(namespace)
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Defaults, then the YAML/TOML file at `path` (or `--config` among the overrides), then `--key value`."""
+    hints = typing.get_type_hints(cls)
+    flags = parse_overrides(cls, overrides or [])
+    path = flags.pop("config", None) or path
+    values: dict[str, Any] = {}
+    for source, raw in ((f"config file {path}", read_config_file(path) if path else {}),
+                        ("command line", flags)):
+        for key, value in raw.items():
+            if key not in hints:
+                raise _unknown_key(cls, key, source)
+            try:
+                values[key] = coerce(key, value, hints[key])
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
+    return cls(**values)
+
+
+def config_from_argv(cls: type[T], argv: list[str], prog: str | None = None) -> T:
+    """`barerl sft|grpo [--config FILE] [--key value ...]`; -h/--help prints every option and exits."""
+    if "-h" in argv or "--help" in argv:
+        build_argparser(cls, prog).print_help()
+        raise SystemExit(0)
+    return load_config(cls, None, argv)
