@@ -7,19 +7,19 @@ import pytest
 # parity tests). transformers/torch are imported lazily: they are test-only oracles and slow to import.
 
 TINY_HF_FAMILIES = ("qwen3", "qwen2", "llama3", "untied")
-_TINY_BASE = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
-)
-_TINY_FAMILY_KWARGS = {
-    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32, rope_theta=1e6)),  # head_dim != C/H
-    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, head_dim=None)),  # bias on q/k/v
-    "llama3": ("LlamaConfig", dict(
-        tie_word_embeddings=True, num_key_value_heads=1, rope_theta=500000.0,
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                          original_max_position_embeddings=32),
-    )),
-    "untied": ("LlamaConfig", dict(tie_word_embeddings=False, num_key_value_heads=4)),
+_TINY_BASE = {
+    "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+}
+_LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 32}
+_TINY_FAMILY_KWARGS = {  # family -> (transformers config class, overrides of _TINY_BASE)
+    "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32, "rope_theta": 1e6}),  # D != C/H
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "head_dim": None}),  # bias on q/k/v
+    "llama3": ("LlamaConfig", {"tie_word_embeddings": True, "num_key_value_heads": 1, "rope_theta": 500000.0,
+                               "rope_scaling": _LLAMA3_SCALING}),
+    "untied": ("LlamaConfig", {"tie_word_embeddings": False, "num_key_value_heads": 4}),
 }
 
 
@@ -42,10 +42,10 @@ def make_tiny_hf_model(family, tmp_path, seed=0, dtype="float32", max_shard_size
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
+            if name.endswith(("norm.weight", ".bias")):
                 p.add_(torch.randn_like(p) * 0.1)
     model = model.to(getattr(torch, dtype))
-    folder = tmp_path / f"hf-{family}-{dtype}" + ("" if max_shard_size is None else f"-sharded{max_shard_size}")
+    folder = tmp_path / (f"hf-{family}-{dtype}" + ("" if max_shard_size is None else f"-sharded{max_shard_size}"))
     save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(folder, **save_kwargs)
     return folder, model
