@@ -1,0 +1,423 @@
+"""Reward functions: TRL's signature, loading from config, built-ins, and running them off the main process.
+
+A reward function is `f(prompts, completions, **columns) -> list[float | None]`, exactly as in TRL:
+`completions` are strings for plain-text data, or `[{"role": "assistant", "content": ...}]` lists for
+chat data; `columns` are the dataset's other columns (e.g. `answer`), one value per completion, plus
+whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**kwargs`.
+
+Design decisions:
+- Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
+  (`math_accuracy`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
+  arguments for the function. A `Reward` keeps the *spec*, not the loaded function, so it pickles:
+  worker processes load the function themselves (spawn-safe, file-path rewards included).
+- Output checking is strict, never a silent 0: a reward that raises, returns something other than a
+  list of numbers/None, or the wrong number of values raises `RewardError` naming the reward.
+- `None` (or NaN) means "not applicable to this sample", as in TRL: the weighted sum over reward
+  functions skips it (nan-aware). A row where every reward is None gets total 0 and a warning.
+- `RewardRunner` runs each reward function as one task in a pool of spawned worker processes, so
+  rewards that execute code or call out overlap with generation and cannot hang the trainer: each call
+  must finish within `timeout` seconds of `submit`, else the pool is killed and `RewardError` names the
+  reward. With `num_workers=0` rewards run in a thread of this process (no isolation; a timed-out call
+  is abandoned, not killed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import multiprocessing
+import numbers
+import re
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+
+class RewardError(Exception):
+    """A reward function could not be loaded, raised, timed out, or returned something unusable."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Answer extraction and comparison (math_accuracy)
+
+
+def completion_text(completion) -> str:
+    """The text of a completion: the string itself, or the last message's content for chat data."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise TypeError(f"a completion must be a string or a list of message dicts, got {type(completion).__name__}")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces included; None if absent."""
+    boxed, fbox = text.rfind("\\boxed"), text.rfind("\\fbox")
+    if max(boxed, fbox) < 0:
+        return None
+    rest = text[boxed + len("\\boxed"):] if boxed > fbox else text[fbox + len("\\fbox"):]
+    rest = rest.lstrip()
+    if not rest.startswith("{"):  # "\boxed 5": up to the next space or $
+        match = re.match(r"([^\s$]+)", rest)
+        return match.group(1) if match else None
+    depth = 0
+    for j, ch in enumerate(rest):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth == 0:
+            return rest[1:j]
+    return None  # unbalanced braces
+
+
+_NUMBER = r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?"
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer in a model's text: last \\boxed{}, else last `Answer:` line, else text after the
+    last `####` (GSM8K), else the last number. None when there is none of these."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    for pattern in (r"answer\s*:\s*(.+)", r"####\s*(.+)"):
+        found = re.findall(pattern, text, flags=re.IGNORECASE)
+        if found:
+            return found[-1].strip().rstrip(".")
+    numbers_found = re.findall(_NUMBER, text)
+    return numbers_found[-1] if numbers_found else None
+
+
+def reference_answer(value) -> str | None:
+    """A dataset's gold answer: its \\boxed{} or `####` part when it has one, else the whole value."""
+    if value is None:
+        return None
+    text = str(value)
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    return text.rsplit("####", 1)[-1].strip() if "####" in text else text.strip()
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical form for string comparison: no $, spacing commands, spaces, thousands commas, \\text."""
+    s = answer.strip()
+    for token in ("$", "\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "^\\circ", "^{\\circ}", "\\%", "%"):
+        s = s.replace(token, "")
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\s+", "", s).rstrip(".")
+    while re.search(r"\d,\d{3}(?!\d)", s):  # 1,234,567 -> 1234567 (not "1,2" lists)
+        s = re.sub(r"(\d),(\d{3})(?!\d)", r"\1\2", s)
+    s = re.sub(r"^[a-zA-Z]=", "", s)  # "x=5" -> "5"
+    while s.startswith("{") and s.endswith("}") and extract_boxed("\\boxed" + s) == s[1:-1]:
+        s = s[1:-1]
+    return s.lower()
+
+
+def parse_number(answer: str) -> float | None:
+    """A normalised answer's numeric value: integers, decimals, a/b, \\frac{a}{b}, \\frac ab; else None."""
+    s = normalize_answer(answer)
+    sign = -1.0 if s.startswith("-") else 1.0
+    s = s.lstrip("-")
+    frac = re.fullmatch(r"\\frac\{?(\d+(?:\.\d+)?)\}?\{?(\d+(?:\.\d+)?)\}?", s) or re.fullmatch(
+        r"(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)", s
+    )
+    try:
+        if frac:
+            return sign * float(frac.group(1)) / float(frac.group(2))
+        return sign * float(s) if re.fullmatch(r"\d+(?:\.\d*)?(?:e[+-]?\d+)?", s) else None
+    except ZeroDivisionError:
+        return None
+
+
+def answers_match(predicted: str | None, reference: str | None, rel_tol: float = 1e-6) -> bool:
+    """Numeric equivalence (relative tolerance) when both parse as numbers, else normalised equality."""
+    if predicted is None or reference is None:
+        return False
+    a, b = parse_number(predicted), parse_number(reference)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-9)
+    return normalize_answer(predicted) == normalize_answer(reference)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Built-in rewards
+
+
+def math_accuracy(prompts, completions, answer=None, solution=None, **_) -> list[float | None]:
+    """1.0 when the completion's final answer equals the dataset's `answer` (or `solution`), else 0.0;
+    None for rows without a usable reference."""
+    if answer is None and solution is None:
+        raise ValueError("math_accuracy needs a dataset column 'answer' or 'solution'")
+    refs = [reference_answer(a) for a in answer] if answer is not None else [extract_answer(str(s)) for s in solution]
+    return [
+        None if ref is None else float(answers_match(extract_answer(completion_text(c)), ref))
+        for c, ref in zip(completions, refs)
+    ]
+
+
+DEFAULT_FORMAT = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
+
+
+def format_tags(prompts, completions, pattern: str = DEFAULT_FORMAT, **_) -> list[float]:
+    """1.0 when the whole completion matches `pattern` (default `<think>..</think><answer>..</answer>`)."""
+    regex = re.compile(pattern, flags=re.DOTALL)
+    return [1.0 if regex.match(completion_text(c)) else 0.0 for c in completions]
+
+
+def length_penalty(prompts, completions, completion_ids=None, max_length: int = 512, cache_length: int = 128,
+                   **_) -> list[float]:
+    """DAPO's soft overlong punishment: 0 up to max_length - cache_length, then falling linearly to -1 at
+    max_length, -1 beyond. Lengths in tokens from `completion_ids` when given, else in characters."""
+    lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [
+        len(completion_text(c)) for c in completions
+    ]
+    soft_start = max_length - cache_length
+    return [0.0 if n <= soft_start else (soft_start - n) / cache_length if n <= max_length else -1.0 for n in lengths]
+
+
+BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags, "length_penalty": length_penalty}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+
+_FILE_MODULES: dict[str, object] = {}
+
+
+def _load_file_module(path: Path, spec: str):
+    key = str(path.resolve())
+    if key not in _FILE_MODULES:
+        if not path.is_file():
+            raise RewardError(f"reward {spec!r}: file {path} not found")
+        module_spec = importlib.util.spec_from_file_location(f"barerl_reward_{abs(hash(key))}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:
+            raise RewardError(f"reward {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+        _FILE_MODULES[key] = module
+    return _FILE_MODULES[key]
+
+
+def load_reward_function(spec: str) -> Callable:
+    """`"module:function"`, `"path/to/file.py:function"` or a built-in name -> the callable."""
+    if ":" not in spec:
+        if spec not in BUILTIN_REWARDS:
+            raise RewardError(f"unknown reward {spec!r}: not a built-in ({', '.join(BUILTIN_REWARDS)}); "
+                              "use 'module:function' or 'path/to/file.py:function'")
+        return BUILTIN_REWARDS[spec]
+    location, _, name = spec.rpartition(":")
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        module = _load_file_module(Path(location), spec)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except ImportError as e:
+            raise RewardError(f"reward {spec!r}: cannot import module {location!r}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardError(f"reward {spec!r}: {location} has no function {name!r}")
+    return fn
+
+
+@dataclass
+class Reward:
+    """One reward function from config: its spec (or a picklable callable), weight and keyword arguments."""
+
+    name: str
+    source: str | Callable
+    weight: float = 1.0
+    kwargs: dict = field(default_factory=dict)
+
+    def function(self) -> Callable:
+        fn = load_reward_function(self.source) if isinstance(self.source, str) else self.source
+        return partial(fn, **self.kwargs) if self.kwargs else fn
+
+
+def _reward_from_config(item) -> Reward:
+    if isinstance(item, Reward):
+        return item
+    if callable(item):
+        return Reward(getattr(item, "__name__", type(item).__name__), item)
+    if isinstance(item, str):
+        load_reward_function(item)  # fail now, in the main process, with the spec named
+        return Reward(item.rpartition(":")[2], item)
+    if isinstance(item, dict):
+        options = dict(item)
+        source = options.pop("function", None)
+        if source is None:
+            raise RewardError(f"reward config {item!r} needs a 'function' key")
+        base = _reward_from_config(source)
+        return Reward(options.pop("name", base.name), source, float(options.pop("weight", 1.0)), options)
+    raise RewardError(f"reward config must be a string, a dict or a callable, got {type(item).__name__}")
+
+
+def load_rewards(specs, weights: Sequence[float] | None = None) -> list[Reward]:
+    """Rewards from config: one spec or a list of them; `weights` (TRL's reward_weights) overrides."""
+    items = specs if isinstance(specs, (list, tuple)) else [specs]
+    rewards = [_reward_from_config(item) for item in items]
+    if weights is not None:
+        if len(weights) != len(rewards):
+            raise RewardError(f"{len(weights)} reward weights given for {len(rewards)} reward functions")
+        for reward, weight in zip(rewards, weights):
+            reward.weight = float(weight)
+    seen: dict[str, int] = {}
+    for reward in rewards:  # unique names for logging: accuracy, accuracy_2, ...
+        seen[reward.name] = seen.get(reward.name, 0) + 1
+        if seen[reward.name] > 1:
+            reward.name = f"{reward.name}_{seen[reward.name]}"
+    return rewards
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scoring
+
+
+def _call_reward(reward: Reward, prompts, completions, columns: dict):
+    """Run one reward function; returns ("ok", values) or ("error", message). Runs in workers too."""
+    try:
+        output = reward.function()(prompts=prompts, completions=completions, **columns)
+        return "ok", output.tolist() if isinstance(output, np.ndarray) else output
+    except Exception as e:  # noqa: BLE001 -- user code may raise anything; reported with the reward named
+        return "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+
+
+def check_reward_output(name: str, output, num_completions: int) -> list[float]:
+    """Validate a reward's output; None becomes NaN ("not applicable")."""
+    if not isinstance(output, (list, tuple)):
+        raise RewardError(f"reward {name!r} returned {type(output).__name__}; "
+                          f"expected a list of {num_completions} floats or None")
+    if len(output) != num_completions:
+        raise RewardError(f"reward {name!r} returned {len(output)} values for {num_completions} completions")
+    values = []
+    for i, value in enumerate(output):
+        if value is not None and not isinstance(value, numbers.Real):
+            raise RewardError(f"reward {name!r} returned {type(value).__name__} {value!r:.60} at index {i}; "
+                              "expected a float or None")
+        values.append(math.nan if value is None else float(value))
+    return values
+
+
+@dataclass
+class RewardScores:
+    """names (F,), per_function (N, F) with NaN where not applicable, total (N,) = nan-aware weighted sum."""
+
+    names: list[str]
+    per_function: np.ndarray
+    total: np.ndarray
+
+    def metrics(self) -> dict[str, float]:
+        out = {"reward": float(self.total.mean()), "reward_std": float(self.total.std())}
+        for j, name in enumerate(self.names):
+            column = self.per_function[:, j]
+            applicable = column[~np.isnan(column)]
+            out[f"rewards/{name}/mean"] = float(applicable.mean()) if applicable.size else math.nan
+            out[f"rewards/{name}/std"] = float(applicable.std()) if applicable.size else math.nan
+        return out
+
+
+def combine_rewards(rewards: list[Reward], outputs: list, prompts) -> RewardScores:
+    per_function = np.array(
+        [check_reward_output(r.name, out, len(prompts)) for r, out in zip(rewards, outputs)], dtype=np.float64
+    ).T.reshape(len(prompts), len(rewards))
+    weights = np.array([r.weight for r in rewards], dtype=np.float64)
+    total = np.nansum(per_function * weights, axis=1)
+    none_rows = np.flatnonzero(np.isnan(per_function).all(axis=1))
+    if none_rows.size:
+        warnings.warn(f"every reward function returned None for {none_rows.size} completion(s) "
+                      f"(first: row {none_rows[0]}, prompt {prompts[none_rows[0]]!r:.80}); their reward is 0",
+                      stacklevel=3)
+    return RewardScores([r.name for r in rewards], per_function, total)
+
+
+class PendingRewards:
+    """Rewards submitted to a `RewardRunner`; `result()` waits for them."""
+
+    def __init__(self, runner: RewardRunner, handles: list, prompts):
+        self._runner, self._handles, self._prompts = runner, handles, prompts
+        self._deadline = None if runner.timeout is None else time.monotonic() + runner.timeout
+
+    def done(self) -> bool:
+        return all(h.ready() if hasattr(h, "ready") else h.done() for h in self._handles)
+
+    def result(self) -> RewardScores:
+        outputs = []
+        for reward, handle in zip(self._runner.rewards, self._handles):
+            remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+            try:
+                status, value = handle.get(remaining) if hasattr(handle, "get") else handle.result(remaining)
+            except (multiprocessing.TimeoutError, FutureTimeout):
+                self._runner._kill_workers()
+                raise RewardError(f"reward {reward.name!r} timed out after {self._runner.timeout}s") from None
+            if status == "error":
+                raise RewardError(f"reward {reward.name!r} raised {value}")
+            outputs.append(value)
+        return combine_rewards(self._runner.rewards, outputs, self._prompts)
+
+
+class RewardRunner:
+    """Scores completions with several reward functions, in worker processes when num_workers > 0.
+
+    `submit(prompts, completions, columns)` returns at once; call `.result()` on what it returns when
+    the scores are needed. Use as a context manager (or call `close()`) to stop the workers.
+    """
+
+    def __init__(self, rewards: list[Reward], num_workers: int | None = None, timeout: float | None = None):
+        self.rewards = rewards
+        self.num_workers = len(rewards) if num_workers is None else num_workers
+        self.timeout = timeout
+        self._pool = None
+
+    def _executor(self):
+        if self._pool is None:
+            if self.num_workers > 0:
+                self._pool = multiprocessing.get_context("spawn").Pool(self.num_workers)
+            else:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="barerl-reward")
+        return self._pool
+
+    def submit(self, prompts: list, completions: list, columns: dict | None = None) -> PendingRewards:
+        columns = columns or {}
+        for key, values in columns.items():
+            if len(values) != len(prompts):
+                raise RewardError(f"column {key!r} has {len(values)} values for {len(prompts)} prompts")
+        pool = self._executor()
+        args_list = [(r, prompts, completions, columns) for r in self.rewards]
+        if self.num_workers > 0:
+            handles = [pool.apply_async(_call_reward, args) for args in args_list]
+        else:
+            handles = [pool.submit(_call_reward, *args) for args in args_list]
+        return PendingRewards(self, handles, prompts)
+
+    def __call__(self, prompts: list, completions: list, columns: dict | None = None) -> RewardScores:
+        return self.submit(prompts, completions, columns).result()
+
+    def _kill_workers(self):
+        if self._pool is None:
+            return
+        if self.num_workers > 0:
+            self._pool.terminate()
+            self._pool.join()
+        else:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+
+    def close(self):
+        self._kill_workers()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
