@@ -3,21 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from train_helpers import random_problem, tiny_cfg
 
 from barerl.backend import ref
-from barerl.config import ModelConfig
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
 from barerl.train.optimizer import AdamW
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
-
-
-def tiny_cfg(**kw) -> ModelConfig:
-    d = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
-             "tie_word_embeddings": False}
-    d.update(kw)
-    return ModelConfig.from_dict(d)
 
 
 def torch_adamw(cfg, init, grads_per_step, max_grad_norm=None, lrs=None):
@@ -44,14 +36,6 @@ def assert_close(name, got, want, tol=1e-6):
     err = np.abs(got - want).max()
     rel = err / max(np.abs(want).max(), 1e-12)
     assert err <= tol, f"{name}: max abs err {err:.3g}, max rel err {rel:.3g}"
-
-
-def random_problem(cfg, steps, seed=0, grad_scale=1.0):
-    rng = np.random.default_rng(seed)
-    n = ParameterBuffer.zeros(cfg, np, np.float32).flat.shape[0]
-    init = rng.standard_normal(n).astype(np.float32)
-    grads = [(rng.standard_normal(n) * grad_scale).astype(np.float32) for _ in range(steps)]
-    return init, grads
 
 
 def test_grad_norm_matches_numpy_and_accumulates_in_fp32():
