@@ -1,0 +1,142 @@
+"""Reference sampler: the contract the CUDA sampler kernel reproduces.
+
+    sample(logits (B, V) fp32, temperature (B,) fp32, top_k (B,) int32, top_p (B,) fp32, min_p (B,) fp32,
+           seeds (B,) uint64, counters (B,) int64) -> tokens (B,) int32, logprobs (B,) fp32
+
+Row b, all math in fp32:
+- temperature 0: greedy argmax of the logits (lowest index on ties); logprob = log_softmax(logits)[token].
+- otherwise z = logits / T and a token is kept when it passes all three filters, applied in this order:
+  top-k (0 or -1 = off): z >= the k-th largest z (ties with the k-th all kept);
+  top-p (1 = off): p = softmax of z over the top-k set; keep v when the probability of the tokens strictly
+    more probable than v is < top_p. This is vLLM's "smallest set of most probable tokens reaching p", with
+    ties at the boundary all kept so that a threshold search in a kernel gives the same set as a sort;
+  min-p (0 = off): p_v >= min_p * p_max, i.e. exp(z_v - z_max) >= min_p (independent of normalisation).
+  The token is argmax over the kept set of z_v + g_v (Gumbel-max), g_v = -log(-log(u_v)) with u_v from
+  `uniform_noise(seed, counter, v)`, and logprob = z_token - logsumexp(z over the kept set).
+The noise is a counter-based hash (splitmix64 finaliser): no generator state, so the engine sets
+counter = index of the generated token within its sequence and a sequence samples the same tokens whatever
+batch it lands in, and after preemption and recompute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from barerl.backend.ref.nn import xp_of
+
+__all__ = ["logprobs_under_sampling", "sample", "uniform_noise"]
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def uniform_noise(seeds, counters, vocab_size: int):
+    """u (B, V) fp32 in (0, 1): u[b, v] = uniform(seeds[b], counters[b], v), uint64 wrap-around arithmetic.
+
+    x = seed + 0x9E3779B97F4A7C15 * (counter * 2**32 + v + 1); z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31; u = ((z >> 40) + 0.5) * 2**-24.
+    """
+    xp = xp_of(seeds)
+    u64 = xp.uint64
+    v = xp.arange(vocab_size, dtype=u64)
+    key = (xp.asarray(counters).astype(u64)[:, None] << u64(32)) + v[None, :] + u64(1)
+    x = xp.asarray(seeds).astype(u64)[:, None] + u64(_GOLDEN) * key
+    z = (x ^ (x >> u64(30))) * u64(_MIX1)
+    z = (z ^ (z >> u64(27))) * u64(_MIX2)
+    z = z ^ (z >> u64(31))
+    return ((z >> u64(40)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-24)
+
+
+def _keep_mask(z, top_k, top_p, min_p):
+    """Bool (B, V): which tokens survive top-k, then top-p, then min-p (see the module docstring)."""
+    xp = xp_of(z)
+    B, V = z.shape
+    keep = xp.ones((B, V), dtype=bool)
+    top_k, top_p, min_p = _host(top_k), _host(top_p), _host(min_p)
+    for b in range(B):
+        k = int(top_k[b])
+        if 0 < k < V:
+            kth = xp.partition(z[b], V - k)[V - k]
+            keep[b] &= z[b] >= kth
+        if top_p[b] < 1.0:
+            zk = xp.where(keep[b], z[b], -np.inf)
+            p = xp.exp(zk - zk.max())
+            p /= p.sum()
+            ascending = xp.sort(p)
+            cumulative = xp.cumsum(ascending)
+            # mass of the tokens strictly more probable than v = total - mass of tokens with p <= p_v
+            at_most = cumulative[xp.searchsorted(ascending, p, side="right") - 1]
+            keep[b] &= (cumulative[-1] - at_most) < np.float32(top_p[b])
+        if min_p[b] > 0.0:
+            keep[b] &= xp.exp(z[b] - z[b].max()) >= np.float32(min_p[b])
+    return keep
+
+
+def _masked_logsumexp(z, keep):
+    xp = xp_of(z)
+    zk = xp.where(keep, z, -np.inf)
+    m = zk.max(axis=-1, keepdims=True)
+    return (m + xp.log(xp.exp(zk - m).sum(axis=-1, keepdims=True)))[:, 0]
+
+
+def _log_softmax_at(logits, tokens):
+    xp = xp_of(logits)
+    full = xp.ones(logits.shape, dtype=bool)
+    return logits[xp.arange(logits.shape[0]), tokens] - _masked_logsumexp(logits, full)
+
+
+def _split_rows(temperature):
+    t = _host(temperature)
+    return np.flatnonzero(t == 0), np.flatnonzero(t != 0)
+
+
+def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
+    """Sample one token per row; returns tokens (B,) int32 and their log-probs (B,) fp32 (module docstring)."""
+    xp = xp_of(logits)
+    logits = logits.astype(np.float32, copy=False)
+    B, V = logits.shape
+    tokens = xp.empty(B, np.int32)
+    logprobs = xp.empty(B, np.float32)
+    greedy, rand = _split_rows(temperature)
+    if greedy.size:
+        g = xp.asarray(greedy)
+        tokens[g] = logits[g].argmax(axis=-1)
+        logprobs[g] = _log_softmax_at(logits[g], tokens[g])
+    if rand.size:
+        r = xp.asarray(rand)
+        z = logits[r] / xp.asarray(temperature, dtype=np.float32)[r][:, None]
+        keep = _keep_mask(z, _host(top_k)[rand], _host(top_p)[rand], _host(min_p)[rand])
+        u = uniform_noise(xp.asarray(seeds)[r], xp.asarray(counters)[r], V)
+        gumbel = -xp.log(-xp.log(u))
+        chosen = xp.where(keep, z + gumbel, -np.inf).argmax(axis=-1)
+        tokens[r] = chosen
+        logprobs[r] = z[xp.arange(rand.size), chosen] - _masked_logsumexp(z, keep)
+    return tokens, logprobs
+
+
+def logprobs_under_sampling(logits, tokens, temperature, top_k, top_p, min_p):
+    """Log-prob (B,) fp32 of given tokens under the distribution `sample` draws from with these settings.
+
+    Greedy rows (temperature 0) give log_softmax(logits)[token]; a token outside the kept set gives -inf.
+    """
+    xp = xp_of(logits)
+    logits = logits.astype(np.float32, copy=False)
+    tokens = xp.asarray(tokens)
+    out = xp.empty(logits.shape[0], np.float32)
+    greedy, rand = _split_rows(temperature)
+    if greedy.size:
+        g = xp.asarray(greedy)
+        out[g] = _log_softmax_at(logits[g], tokens[g])
+    if rand.size:
+        r = xp.asarray(rand)
+        z = logits[r] / xp.asarray(temperature, dtype=np.float32)[r][:, None]
+        keep = _keep_mask(z, _host(top_k)[rand], _host(top_p)[rand], _host(min_p)[rand])
+        rows, chosen = xp.arange(rand.size), tokens[r]
+        lp = z[rows, chosen] - _masked_logsumexp(z, keep)
+        out[r] = xp.where(keep[rows, chosen], lp, -np.inf)
+    return out

@@ -1,0 +1,365 @@
+"""The public engine, shaped as vLLM's `LLM`: generate, chat, stream, sleep / wake.
+
+The whole path of one step reads: `schedule()` -> `runner.run()` (forward_paged + sample) ->
+`scheduler.update()` (tokens appended, forks, token stops) -> detokenize (text, stop strings).
+
+Design decisions:
+- The engine holds the caller's `Model`, not a copy: the trainer updates `model.params` in place and the
+  next call generates with the new weights. Because cached KV blocks would be stale after such an update,
+  the prefix cache is reset at the start of every `generate` / `chat` / `stream` call; prefix sharing works
+  within a call (shared system prompts, the n samples of a prompt, preempted sequences coming back).
+- Bad input raises ValueError before anything runs, naming the request index ("request 3: ..."), like
+  vLLM: one bad prompt never leaves half a batch in the engine, and the same call without it runs as if the
+  bad one had never been there (request seeds are drawn only after the whole batch validated).
+- Requests without `seed` get one from the engine's generator (seeded by `seed`), so a fresh engine
+  reproduces a run; with `seed`, a request's samples do not depend on anything else in the batch.
+- `stream` yields delta outputs (vLLM's RequestOutputKind.DELTA): each CompletionOutput carries only the
+  tokens and text that are new since the previous yield.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from barerl.engine.block_manager import BlockManager
+from barerl.engine.detokenizer import Detokenizer
+from barerl.engine.model_runner import ModelRunner
+from barerl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from barerl.engine.sampling_params import SamplingParams
+from barerl.engine.scheduler import Scheduler
+from barerl.engine.sequence import Request, Sequence
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.9  # share of GPU memory the process may fill; the KV cache takes the rest
+    cpu_kv_cache_gib: float = 1.0  # KV cache budget on the CPU
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # prompt + output tokens; default: the model's, capped by the cache
+    max_num_batched_tokens: int | None = None  # tokens per step; default 8192 (>= max_model_len unchunked)
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_kv_blocks: int | None = None  # default: as many as the memory budget holds
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not self.cpu_kv_cache_gib > 0:
+            raise ValueError(f"LLM: cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+
+
+class LLM:
+    def __init__(self, model, tokenizer=None, **engine_args):
+        """model: a `barerl.model.model.Model`, or the path of a Hugging Face folder or .gguf file."""
+        self.config = cfg = EngineConfig(**engine_args)
+        path = None
+        if isinstance(model, (str, os.PathLike)):
+            from barerl.model.model import Model
+
+            path = os.fspath(model)
+            model = Model.from_pretrained(path, device=cfg.device, dtype=cfg.dtype)
+            tokenizer = tokenizer or _load_tokenizer(path)
+        self.model, self.tokenizer = model, tokenizer
+        self.vocab_size = model.cfg.vocab_size
+        self.eos_token_ids = _eos_token_ids(model, tokenizer, path)
+        self.max_model_len, num_blocks = self._size_kv_cache()
+        self.max_num_batched_tokens = self._resolve_max_num_batched_tokens()
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, cfg.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
+            cfg.enable_chunked_prefill,
+        )
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size)
+        self._rng = np.random.default_rng(cfg.seed)
+        self._num_requests = 0
+        self.asleep = False
+        self.stats: dict[str, float] = {}  # of the last generate/chat call
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ------------------------------------------------------------------------------------- KV cache size
+
+    def _size_kv_cache(self) -> tuple[int, int]:
+        cfg, bs = self.config, self.config.block_size
+        max_model_len = cfg.max_model_len or self.model.cfg.max_position_embeddings
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        else:
+            budget = _gpu_kv_budget(cfg.gpu_memory_utilization) if self.model.device == "cuda" else (
+                int(cfg.cpu_kv_cache_gib * 2**30))
+            num_blocks = budget // (self.model.kv_cache_bytes_per_token() * bs)
+            if cfg.max_model_len is None:  # the model's own limit, as far as the cache can hold it
+                max_model_len = min(max_model_len, num_blocks * bs)
+            num_blocks = min(num_blocks, cfg.max_num_seqs * -(-max_model_len // bs))  # never more than usable
+        if num_blocks * bs < max_model_len:
+            raise ValueError(
+                f"LLM: the KV cache holds {num_blocks} blocks x {bs} tokens, fewer than max_model_len="
+                f"{max_model_len}: lower max_model_len or give the cache more memory"
+            )
+        return max_model_len, num_blocks
+
+    def _resolve_max_num_batched_tokens(self) -> int:
+        cfg = self.config
+        if cfg.max_num_batched_tokens is None:
+            n = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            return n if cfg.enable_chunked_prefill else max(n, self.max_model_len)
+        if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"LLM: max_num_batched_tokens={cfg.max_num_batched_tokens} < max_model_len={self.max_model_len}"
+                " needs enable_chunked_prefill=True (a long prompt could never be scheduled)"
+            )
+        return cfg.max_num_batched_tokens
+
+    # ---------------------------------------------------------------------------------------------- input
+
+    def _make_requests(self, prompts, sampling_params) -> list[Request]:
+        """Validate the whole batch first, then build its requests (ValueError names the bad request)."""
+        items = _normalize_prompts(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(items)
+        if len(params_list) != len(items):
+            raise ValueError(f"got {len(items)} prompts but {len(params_list)} sampling params")
+        checked = []
+        for i, ((text, ids), p) in enumerate(zip(items, params_list)):
+            try:
+                ids = self._tokenize(text) if ids is None else ids
+                self._validate_request(ids, p)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"request {i}: {e}") from None
+            checked.append((text, ids, p))
+        requests = []
+        for text, ids, p in checked:
+            seed = p.seed if p.seed is not None else int(self._rng.integers(2**63))
+            requests.append(Request(self._num_requests, text, ids, p, seed, tuple(self.eos_token_ids)))
+            self._num_requests += 1
+        return requests
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer (pass tokenizer= or token ids)")
+        return self.tokenizer.encode(text)
+
+    def _validate_request(self, ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} is more than max_num_seqs={self.config.max_num_seqs}")
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+
+    # ------------------------------------------------------------------------------------------ generate
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """prompts: a str, a list of str, a list of token ids, a list of token-id lists, or dicts with
+        "prompt_token_ids" (and optionally "prompt"); sampling_params: one for all, or one per prompt."""
+        from tqdm import tqdm
+
+        requests = self._make_requests(prompts, sampling_params)
+        self._start_call(requests)
+        start, num_generated, done = time.perf_counter(), 0, set()
+        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while self.scheduler.has_unfinished():
+                sampled = self._step()
+                num_generated += len(sampled)
+                finished = {s.request.request_id for s in sampled if s.request.finished} - done
+                done |= finished
+                bar.update(len(finished))
+                bar.set_postfix(tok_s=f"{num_generated / (time.perf_counter() - start):.1f}", refresh=False)
+        self.stats = {
+            "num_requests": len(requests), "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "num_generated_tokens": num_generated, "elapsed_s": time.perf_counter() - start,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
+        self.stats["tokens_per_s"] = num_generated / max(self.stats["elapsed_s"], 1e-9)
+        return [self._output(r) for r in requests]
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """messages: one conversation (a list of {"role", "content"} dicts) or a list of conversations."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for i, conversation in enumerate(conversations):
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=add_generation_prompt, tokenize=False,
+                    **(chat_template_kwargs or {}),
+                )
+            except ValueError as e:
+                raise ValueError(f"conversation {i}: {e}") from None
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def stream(self, prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Generate for one prompt, yielding delta outputs after every step that gave it tokens."""
+        [request] = self._make_requests([prompt], sampling_params)
+        self._start_call([request])
+        num_sent: dict[int, int] = {}
+        while not request.finished:
+            if self._step():
+                yield self._output(request, num_sent)
+
+    def _start_call(self, requests: list[Request]) -> None:
+        if self.asleep:
+            raise RuntimeError("the engine is asleep (its KV cache is released): call llm.wake() first")
+        self.scheduler.abort_all()  # an abandoned stream
+        self.block_manager.reset_prefix_cache()  # the weights may have changed in place since the last call
+        self.scheduler.num_preemptions = 0
+        for request in requests:
+            self.scheduler.add(request)
+
+    def _step(self) -> list[Sequence]:
+        batch = self.scheduler.schedule()
+        tokens, logprobs = self.runner.run(batch)
+        sampled = self.scheduler.update(batch, tokens, logprobs)
+        for seq in sampled:
+            self._detokenize(seq)
+        return sampled
+
+    def _detokenize(self, seq: Sequence) -> None:
+        if self.tokenizer is None:
+            return
+        if seq.detokenizer is None:
+            seq.detokenizer = Detokenizer(self.tokenizer, seq.params)
+        stop_terminated = seq.finish_reason == "stop"
+        stop = seq.detokenizer.update(seq.token_ids[-1], seq.is_finished, stop_terminated)
+        if stop is None:
+            return
+        if seq.is_finished:  # the same token also hit the length limit: the stop string wins (vLLM)
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        else:
+            self.scheduler.finish(seq, "stop", stop)
+
+    def _output(self, request: Request, num_sent: dict[int, int] | None = None) -> RequestOutput:
+        """Cumulative output, or with num_sent (seq_id -> tokens already yielded) the delta since then."""
+        outputs = []
+        for seq in sorted(request.sequences, key=lambda s: s.sample_index):
+            first = 0 if num_sent is None else num_sent.get(seq.seq_id, 0)
+            token_ids, logprobs = seq.output_token_ids[first:], seq.output_logprobs[first:]
+            if num_sent is not None:
+                num_sent[seq.seq_id] = seq.num_output_tokens
+            detok = seq.detokenizer
+            text = "" if detok is None else detok.text if num_sent is None else detok.next_text(seq.is_finished)
+            outputs.append(CompletionOutput(
+                index=seq.sample_index, text=text, token_ids=token_ids,
+                cumulative_logprob=float(sum(seq.output_logprobs)),
+                logprobs=logprobs if seq.params.wants_logprobs else None,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+            ))
+        metrics = RequestMetrics(
+            request.arrival_time, request.first_scheduled_time, request.first_token_time, request.finished_time,
+            len(request.prompt_token_ids), request.num_cached_tokens,
+            sum(s.num_output_tokens for s in request.sequences),
+        )
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
+                             request.finished, metrics)
+
+    # ------------------------------------------------------------------------------------- sleep / wake
+
+    def sleep(self) -> None:
+        """Release the KV cache (and its device memory) for training; `wake` restores it."""
+        self.scheduler.abort_all()
+        self.runner.free_kv_cache()
+        self.block_manager.reset_prefix_cache()
+        self.asleep = True
+
+    def wake(self) -> None:
+        self.runner.allocate_kv_cache()
+        self.asleep = False
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _normalize_prompts(prompts) -> list[tuple[str | None, list[int] | None]]:
+    """Each prompt as (text, token ids), either of which may be None (ids then come from the text)."""
+    if isinstance(prompts, (str, dict)) or _is_token_list(prompts):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list, got {type(prompts).__name__}")
+    items = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            items.append((p, None))
+        elif _is_token_list(p):
+            items.append((None, [int(t) for t in p]))
+        elif isinstance(p, dict) and ("prompt_token_ids" in p or "prompt" in p):
+            ids = p.get("prompt_token_ids")
+            if ids is not None and not _is_token_list(ids):
+                raise ValueError(f"request {i}: prompt_token_ids must be a list of ints")
+            items.append((p.get("prompt"), None if ids is None else [int(t) for t in ids]))
+        else:
+            raise ValueError(f"request {i}: a prompt is a str, a list of token ids or a dict with "
+                             f"'prompt_token_ids', got {type(p).__name__}")
+    return items
+
+
+def _is_token_list(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return x.ndim == 1 and np.issubdtype(x.dtype, np.integer)
+    return isinstance(x, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in x) and (
+        not any(isinstance(t, bool) for t in x)
+    )
+
+
+def _load_tokenizer(path: str):
+    from barerl.tokenizer import Tokenizer
+
+    if os.path.isfile(path) and path.lower().endswith(".gguf"):
+        from barerl.model.gguf import read_gguf
+
+        return Tokenizer.from_gguf(read_gguf(path))
+    return Tokenizer.from_pretrained(path)
+
+
+def _eos_token_ids(model, tokenizer, path: str | None) -> list[int]:
+    """EOS ids of the tokenizer, config.json and generation_config.json, within the model's vocabulary."""
+    ids = set(model.cfg.eos_token_ids)
+    if tokenizer is not None:
+        ids |= set(tokenizer.eos_token_ids)
+    gen_config = os.path.join(path, "generation_config.json") if path and os.path.isdir(path) else None
+    if gen_config and os.path.isfile(gen_config):
+        with open(gen_config, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return sorted(i for i in ids if 0 <= i < model.cfg.vocab_size)
+
+
+def _gpu_kv_budget(utilization: float) -> int:
+    """Bytes the KV cache may take: utilization x total GPU memory, less what is in use."""
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    in_use = total - free - cupy.get_default_memory_pool().free_bytes()
+    return max(0, int(total * utilization) - in_use)

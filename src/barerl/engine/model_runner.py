@@ -1,0 +1,159 @@
+"""Model runner: turns a scheduled batch into arrays, runs the model on the paged KV cache, samples.
+
+`prepare_step` builds every array of a step on the host, as int32/fp32/uint64/int64 NumPy arrays (shapes
+below); `ModelRunner.execute` hands them to the device: block copies (copy-on-write), then
+`model.forward_paged` (last-token logits of every scheduled sequence), then `backend.sample` on the rows
+that sample. A CUDA-graph runner replaces `execute` for decode-only steps (`StepInputs.is_decode_only`)
+and keeps everything else. The runner owns the KV cache: `free_kv_cache` / `allocate_kv_cache` are the
+engine's sleep and wake.
+
+Sampling rows: a sequence whose computed prefix reaches the end of its tokens this step draws its next
+token from its logits row; a parent (n samples, before its first token) draws n tokens from the same row
+with n seeds, which is how the n samples of one prompt share one prefill. Rows of sequences in the middle
+of a prefill chunk are computed and ignored. counter = index of the token being drawn in its sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from barerl.engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class StepInputs:
+    # model.forward_paged: T new tokens of S sequences, packed
+    input_ids: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32, position of each token in its sequence
+    cu_seqlens_q: np.ndarray  # (S+1,) int32, new-token boundaries
+    context_lens: np.ndarray  # (S,) int32, tokens in the cache once this step's are written
+    block_tables: np.ndarray  # (S, max_blocks) int32, -1 past each sequence's last block
+    slot_mapping: np.ndarray  # (T,) int32, flat cache slot (block * block_size + offset) of each new token
+    # copy-on-write, done before the forward pass: block copy_dst[i] := block copy_src[i], all layers, K and V
+    copy_src: np.ndarray  # (C,) int32
+    copy_dst: np.ndarray  # (C,) int32
+    # backend.sample over R rows
+    sample_rows: np.ndarray  # (R,) int32, the logits row (sequence index) each sample draws from
+    temperature: np.ndarray  # (R,) fp32, 0 = greedy
+    top_k: np.ndarray  # (R,) int32, 0 = off
+    top_p: np.ndarray  # (R,) fp32, 1 = off
+    min_p: np.ndarray  # (R,) fp32, 0 = off
+    seeds: np.ndarray  # (R,) uint64
+    counters: np.ndarray  # (R,) int64
+    banned_rows: np.ndarray  # (M,) int32: logits[sample banned_rows[i], banned_tokens[i]] = -inf (min_tokens)
+    banned_tokens: np.ndarray  # (M,) int32
+
+    @property
+    def is_decode_only(self) -> bool:
+        """One new token per sequence and one sample per sequence: the step a CUDA graph replays."""
+        return len(self.input_ids) == len(self.context_lens) == len(self.sample_rows)
+
+
+def _i32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
+
+
+def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
+    """The host arrays of one step (see StepInputs)."""
+    ids, positions, slots, cu, context_lens = [], [], [], [0], []
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        start = seq.num_computed_tokens
+        pos = np.arange(start, start + num_new)
+        table = np.asarray(seq.block_table)
+        ids += seq.token_ids[start : start + num_new]
+        positions.append(pos)
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+        cu.append(cu[-1] + num_new)
+        context_lens.append(start + num_new)
+    max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+    block_tables = np.full((len(batch.seqs), max_blocks), -1, np.int32)
+    for i, seq in enumerate(batch.seqs):
+        block_tables[i, : len(seq.block_table)] = seq.block_table
+    copies = np.asarray(batch.block_copies, dtype=np.int32).reshape(-1, 2)
+    return StepInputs(
+        input_ids=_i32(ids), positions=_i32(np.concatenate(positions)), cu_seqlens_q=_i32(cu),
+        context_lens=_i32(context_lens), block_tables=block_tables, slot_mapping=_i32(np.concatenate(slots)),
+        copy_src=copies[:, 0].copy(), copy_dst=copies[:, 1].copy(), **_sampling_arrays(batch),
+    )
+
+
+def _sampling_arrays(batch: ScheduledBatch) -> dict[str, np.ndarray]:
+    rows, temperature, top_k, top_p, min_p, seeds, counters, banned_rows, banned_tokens = ([] for _ in range(9))
+    for i, seq in enumerate(batch.seqs):
+        if not batch.samples(i):
+            continue
+        p = seq.params
+        banned = seq.banned_token_ids()
+        for seed in seq.sample_seeds():
+            banned_rows += [len(rows)] * len(banned)
+            banned_tokens += banned
+            rows.append(i)
+            temperature.append(p.temperature)
+            top_k.append(max(p.top_k, 0))
+            top_p.append(p.top_p)
+            min_p.append(p.min_p)
+            seeds.append(seed)
+            counters.append(seq.num_output_tokens)
+    return {
+        "sample_rows": _i32(rows), "temperature": np.asarray(temperature, np.float32), "top_k": _i32(top_k),
+        "top_p": np.asarray(top_p, np.float32), "min_p": np.asarray(min_p, np.float32),
+        "seeds": np.asarray(seeds, np.uint64), "counters": np.asarray(counters, np.int64),
+        "banned_rows": _i32(banned_rows), "banned_tokens": _i32(banned_tokens),
+    }
+
+
+def _to_host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int):
+        self.model = model
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.kv_cache = None  # (2, L, num_blocks, block_size, K, D)
+        self.allocate_kv_cache()
+
+    def allocate_kv_cache(self) -> None:
+        if self.kv_cache is None:
+            self.kv_cache = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+
+    def free_kv_cache(self) -> None:
+        self.kv_cache = None
+        free_pool = getattr(self.model.xp, "get_default_memory_pool", None)
+        if free_pool is not None:  # CuPy keeps freed blocks in its pool: hand them back to the device
+            free_pool().free_all_blocks()
+
+    def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
+        """One step: sampled tokens (R,) int32 and their log-probs (R,) fp32, on the host."""
+        return self.execute(prepare_step(batch, self.block_size))
+
+    def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        if self.kv_cache is None:
+            raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
+        self.copy_blocks(inputs.copy_src, inputs.copy_dst)
+        logits = self.model.forward_paged(
+            inputs.input_ids, inputs.positions, inputs.cu_seqlens_q, inputs.context_lens,
+            inputs.block_tables, inputs.slot_mapping, self.kv_cache,
+        )
+        return self.sample(logits, inputs)
+
+    def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if len(src):
+            xp = self.model.xp
+            self.kv_cache[:, :, xp.asarray(dst)] = self.kv_cache[:, :, xp.asarray(src)]
+
+    def sample(self, logits, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        if not len(inputs.sample_rows):
+            return np.empty(0, np.int32), np.empty(0, np.float32)
+        xp = self.model.xp
+        rows = logits[xp.asarray(inputs.sample_rows)]
+        if len(inputs.banned_rows):
+            rows[xp.asarray(inputs.banned_rows), xp.asarray(inputs.banned_tokens)] = -np.inf
+        tokens, logprobs = self.model.backend.sample(
+            rows, xp.asarray(inputs.temperature), xp.asarray(inputs.top_k), xp.asarray(inputs.top_p),
+            xp.asarray(inputs.min_p), xp.asarray(inputs.seeds), xp.asarray(inputs.counters),
+        )
+        return _to_host(tokens), _to_host(logprobs)

@@ -1,0 +1,199 @@
+"""Continuous-batching scheduler: which sequences compute which tokens this step. Pure Python.
+
+One step has a budget of `max_num_batched_tokens` tokens and at most `max_num_seqs` sequences, and mixes
+prefill chunks and decode tokens freely (the model takes both in one packed batch):
+1. Running sequences first, oldest first: a decoding sequence takes one token, a sequence part-way through
+   its prompt takes the next chunk that fits the budget. When the cache has no block for a sequence, the
+   youngest running sequence is preempted (its blocks freed, recomputed later), repeatedly, until the block
+   fits or the sequence itself was the youngest.
+2. Then, if nothing was preempted, waiting requests are admitted in order while the budget, the sequence
+   limit and the free blocks allow: blocks for the whole prompt are taken at once (cached prefix blocks
+   reused), and the prompt is computed in chunks when it exceeds the budget (chunked prefill) or admitted
+   only when it fits whole (chunked prefill off).
+A parent sequence (n samples, before its first token) counts as n sequences towards `max_num_seqs`, since
+it forks into n right after its prefill. Finished sequences free their blocks at once.
+
+Stop conditions checked here are those on token ids (vLLM's order: length first, then EOS, then
+`stop_token_ids`); stop strings need text and are checked by the engine, which calls `finish`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from barerl.engine.block_manager import BlockManager
+from barerl.engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: seqs[i] computes its next num_new_tokens[i] tokens; block copies come first."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write pairs
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, i: int) -> bool:
+        """Whether seqs[i] reaches the end of its tokens this step, so its logits give its next token."""
+        return self.seqs[i].num_computed_tokens + self.num_new_tokens[i] == self.seqs[i].num_tokens
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+    ):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # oldest first
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request.sequences[0])
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort_all(self) -> None:
+        """Drop every unfinished sequence (an abandoned stream) and free its blocks."""
+        for seq in self.running:
+            self.block_manager.free(seq)
+        self.running.clear()
+        self.waiting.clear()
+
+    # -------------------------------------------------------------------------------------------- schedule
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_append(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break
+            batch.block_copies += self.block_manager.append_slots(seq, num_new)
+            batch.add(seq, num_new)
+            budget -= num_new
+            i += 1
+        if not preempted:
+            self._admit_waiting(batch, budget)
+        if not batch.seqs and self.has_unfinished():
+            raise RuntimeError("scheduler: nothing fits in the KV cache (more blocks or a shorter max_model_len)")
+        return batch
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        num_running_samples = sum(s.num_samples for s in self.running)
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if num_running_samples + seq.num_samples > self.max_num_seqs:
+                break
+            hits = self.block_manager.lookup(seq)
+            num_new = seq.num_tokens - len(hits) * self.block_manager.block_size
+            if num_new > budget and not self.enable_chunked_prefill:
+                break
+            if not self.block_manager.can_allocate(seq, hits):
+                break
+            self.block_manager.allocate(seq, hits)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_running_samples += seq.num_samples
+            num_new = min(num_new, budget)
+            batch.add(seq, num_new)
+            budget -= num_new
+            request = seq.request
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.perf_counter()
+                request.num_cached_tokens = seq.num_computed_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: free seq's blocks and put it first in the waiting queue."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # ---------------------------------------------------------------------------------------------- update
+
+    def update(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float]) -> list[Sequence]:
+        """Record the step: advance computed prefixes, append sampled tokens (forking parents), check stops.
+
+        tokens/logprobs hold one entry per sample drawn, in batch order (a parent draws n). Returns the
+        sequences that received a token, forked children included.
+        """
+        sampled = []
+        row = 0
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            samples = batch.samples(i)
+            seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(seq)
+            if not samples:
+                continue
+            group = [seq] + self._fork(seq, seq.num_samples - 1)
+            for s in group:
+                s.append_token(int(tokens[row]), float(logprobs[row]))
+                row += 1
+                self._check_stop(s)
+            sampled += group
+            if seq.request.first_token_time is None:
+                seq.request.first_token_time = time.perf_counter()
+        return sampled
+
+    def _fork(self, parent: Sequence, num_children: int) -> list[Sequence]:
+        children = [parent.fork(parent.sample_index + 1 + k) for k in range(num_children)]
+        for child in children:
+            self.block_manager.fork(child)
+        at = self.running.index(parent) + 1
+        self.running[at:at] = children
+        parent.request.sequences += children
+        return children
+
+    def _check_stop(self, seq: Sequence) -> None:
+        params, token = seq.params, seq.token_ids[-1]
+        max_tokens = params.max_tokens or self.max_model_len
+        if seq.num_output_tokens >= max_tokens or seq.num_tokens >= self.max_model_len:
+            self.finish(seq, "length")
+        elif not params.ignore_eos and token in seq.request.eos_token_ids:
+            self.finish(seq, "stop")
+        elif token in params.stop_token_ids:
+            self.finish(seq, "stop", stop_reason=token)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """End seq now ("stop" | "length") and free its blocks."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        if seq.request.finished:
+            seq.request.finished_time = time.perf_counter()
