@@ -27,3 +27,24 @@ def contiguous(x):
     import cupy
 
     return x if x.flags.c_contiguous else cupy.ascontiguousarray(x)
+
+
+def fp32_accumulator(dw):
+    """Where a kernel may atomically add fp32 gradients for `dw`: dw itself when it is contiguous fp32,
+    else a zeroed fp32 scratch that `finish_accumulation` adds into dw afterwards."""
+    import cupy
+
+    if dw.dtype == np.float32 and dw.flags.c_contiguous:
+        return dw
+    return cupy.zeros(dw.shape, np.float32)
+
+
+def finish_accumulation(dw, acc) -> None:
+    if acc is not dw:
+        dw[...] = (dw.astype(np.float32) + acc).astype(dw.dtype)
+
+
+def multiprocessors() -> int:
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]

@@ -1,0 +1,173 @@
+// Per-head q/k RMSNorm (Qwen3; optional) + rotary embedding (NeoX half-split), fused; v passes through.
+//
+// Math (per token t, per q or k head, HALF = D / 2, i < HALF, p = positions[t]):
+//          r = 1 / sqrt(mean(x^2) + eps);  n = x * r * w            (n = x when there is no norm weight)
+//          y[i] = n[i] * cos[p, i] - n[i + HALF] * sin[p, i];  y[i + HALF] = n[i + HALF] * cos[p, i] + n[i] * sin[p, i]
+//          backward: g[i] = dy[i] c + dy[i+HALF] s, g[i+HALF] = dy[i+HALF] c - dy[i] s (the transposed rotation),
+//          then the RMSNorm backward of g: dx = r * (g w - xhat * mean(g w xhat)), dw += g * xhat (xhat = x r).
+// Shapes:  qkv, out, dout, dqkv (T, (H + 2K) * D) DTYPE, rows contiguous; positions (T,) int32;
+//          cos, sin (P, HALF) fp32; q_norm, k_norm (D,) DTYPE or both null; q_rstd (T, H), k_rstd (T, K) fp32
+//          (unused without norm); dq_norm, dk_norm (D,) fp32, accumulated (the caller zeroes them).
+// Launch:  one warp per token (grid-stride), 4 warps per block; compiled per HEAD_DIM (a multiple of 64):
+//          lane l holds elements l + 32 j and HALF + l + 32 j of a head, so each rotation pair is in one lane.
+//          Backward sums dq_norm/dk_norm per lane in registers, then per block in shared memory, then one
+//          atomicAdd per element per block.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+constexpr int HALF = HEAD_DIM / 2;
+constexpr int PER = HALF / 32;  // pairs per lane
+constexpr int WARPS = 4;
+
+struct Head {
+    float lo[PER], hi[PER];
+};
+
+__device__ __forceinline__ Head load_head(const scalar_t* p, int lane) {
+    Head h;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        h.lo[j] = to_float(p[lane + 32 * j]);
+        h.hi[j] = to_float(p[HALF + lane + 32 * j]);
+    }
+    return h;
+}
+
+__device__ __forceinline__ void store_head(scalar_t* p, const Head& h, int lane) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        p[lane + 32 * j] = from_float<scalar_t>(h.lo[j]);
+        p[HALF + lane + 32 * j] = from_float<scalar_t>(h.hi[j]);
+    }
+}
+
+__device__ __forceinline__ float head_rstd(const Head& h, float eps) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) ss += h.lo[j] * h.lo[j] + h.hi[j] * h.hi[j];
+    return rsqrtf(warp_sum(ss) / HEAD_DIM + eps);
+}
+
+extern "C" __global__ void qk_norm_rope_forward(
+    scalar_t* __restrict__ out, float* __restrict__ q_rstd, float* __restrict__ k_rstd,
+    const scalar_t* __restrict__ qkv, const int* __restrict__ positions, const float* __restrict__ cos_table,
+    const float* __restrict__ sin_table, const scalar_t* __restrict__ q_norm, const scalar_t* __restrict__ k_norm,
+    int tokens, int num_heads, int num_kv_heads, float eps) {
+    const int lane = threadIdx.x & 31;
+    const int heads = num_heads + 2 * num_kv_heads;
+    for (int t = blockIdx.x * WARPS + (threadIdx.x >> 5); t < tokens; t += gridDim.x * WARPS) {
+        const long long row = (long long)t * heads * HEAD_DIM;
+        const int pos = positions[t];
+        float c[PER], s[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            c[j] = cos_table[(long long)pos * HALF + lane + 32 * j];
+            s[j] = sin_table[(long long)pos * HALF + lane + 32 * j];
+        }
+        for (int h = 0; h < heads; ++h) {
+            Head x = load_head(qkv + row + h * HEAD_DIM, lane);
+            if (h < num_heads + num_kv_heads) {
+                const bool is_q = h < num_heads;
+                const scalar_t* w = is_q ? q_norm : k_norm;
+                if (w != nullptr) {
+                    const float r = head_rstd(x, eps);
+                    if (lane == 0) {
+                        if (is_q) q_rstd[(long long)t * num_heads + h] = r;
+                        else k_rstd[(long long)t * num_kv_heads + h - num_heads] = r;
+                    }
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) {
+                        x.lo[j] *= r * to_float(w[lane + 32 * j]);
+                        x.hi[j] *= r * to_float(w[HALF + lane + 32 * j]);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < PER; ++j) {
+                    const float lo = x.lo[j], hi = x.hi[j];
+                    x.lo[j] = lo * c[j] - hi * s[j];
+                    x.hi[j] = hi * c[j] + lo * s[j];
+                }
+            }
+            store_head(out + row + h * HEAD_DIM, x, lane);
+        }
+    }
+}
+
+extern "C" __global__ void qk_norm_rope_backward(
+    scalar_t* __restrict__ dqkv, float* __restrict__ dq_norm, float* __restrict__ dk_norm,
+    const scalar_t* __restrict__ dout, const scalar_t* __restrict__ qkv, const int* __restrict__ positions,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, const scalar_t* __restrict__ q_norm,
+    const scalar_t* __restrict__ k_norm, const float* __restrict__ q_rstd, const float* __restrict__ k_rstd,
+    int tokens, int num_heads, int num_kv_heads) {
+    __shared__ float dw_block[2][HEAD_DIM];
+    const int lane = threadIdx.x & 31;
+    const int heads = num_heads + 2 * num_kv_heads;
+    const bool has_norm = q_norm != nullptr;
+    Head dw[2];  // per-lane partial sums of dq_norm, dk_norm
+#pragma unroll
+    for (int j = 0; j < PER; ++j) dw[0].lo[j] = dw[0].hi[j] = dw[1].lo[j] = dw[1].hi[j] = 0.0f;
+    for (int t = blockIdx.x * WARPS + (threadIdx.x >> 5); t < tokens; t += gridDim.x * WARPS) {
+        const long long row = (long long)t * heads * HEAD_DIM;
+        const int pos = positions[t];
+        float c[PER], s[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            c[j] = cos_table[(long long)pos * HALF + lane + 32 * j];
+            s[j] = sin_table[(long long)pos * HALF + lane + 32 * j];
+        }
+        for (int h = 0; h < heads; ++h) {
+            Head g = load_head(dout + row + h * HEAD_DIM, lane);
+            if (h < num_heads + num_kv_heads) {
+#pragma unroll
+                for (int j = 0; j < PER; ++j) {
+                    const float lo = g.lo[j], hi = g.hi[j];
+                    g.lo[j] = lo * c[j] + hi * s[j];
+                    g.hi[j] = hi * c[j] - lo * s[j];
+                }
+                if (has_norm) {
+                    const bool is_q = h < num_heads;
+                    const scalar_t* w = is_q ? q_norm : k_norm;
+                    const float r = is_q ? q_rstd[(long long)t * num_heads + h]
+                                         : k_rstd[(long long)t * num_kv_heads + h - num_heads];
+                    const Head x = load_head(qkv + row + h * HEAD_DIM, lane);
+                    Head& acc = dw[is_q ? 0 : 1];
+                    float dot = 0.0f;
+                    float wlo[PER], whi[PER];
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) {
+                        wlo[j] = to_float(w[lane + 32 * j]);
+                        whi[j] = to_float(w[HALF + lane + 32 * j]);
+                        dot += g.lo[j] * wlo[j] * x.lo[j] * r + g.hi[j] * whi[j] * x.hi[j] * r;
+                        acc.lo[j] += g.lo[j] * x.lo[j] * r;
+                        acc.hi[j] += g.hi[j] * x.hi[j] * r;
+                    }
+                    const float mean_dot = warp_sum(dot) / HEAD_DIM;
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) {
+                        g.lo[j] = r * (g.lo[j] * wlo[j] - x.lo[j] * r * mean_dot);
+                        g.hi[j] = r * (g.hi[j] * whi[j] - x.hi[j] * r * mean_dot);
+                    }
+                }
+            }
+            store_head(dqkv + row + h * HEAD_DIM, g, lane);
+        }
+    }
+    if (!has_norm) return;  // uniform over the block: no barrier is skipped by only some threads
+    for (int i = threadIdx.x; i < 2 * HEAD_DIM; i += blockDim.x) (&dw_block[0][0])[i] = 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            atomicAdd(&dw_block[k][lane + 32 * j], dw[k].lo[j]);
+            atomicAdd(&dw_block[k][HALF + lane + 32 * j], dw[k].hi[j]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        atomicAdd(dq_norm + i, dw_block[0][i]);
+        atomicAdd(dk_norm + i, dw_block[1][i]);
+    }
+}

@@ -1,0 +1,39 @@
+"""store_kv on the GPU: one CTA per new token copies its keys and values into their cache slots.
+
+Design: k and v may be row-strided views (the k and v parts of a fused qkv); heads and dims must be dense,
+which such views are. The dtype conversion (activations -> cache dtype) happens in the same copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.launch import require
+
+_THREADS = 128
+
+
+def _token_stride(x) -> int:
+    """Elements between token rows of a (T, K, D) array whose heads and dims are dense."""
+    item = x.dtype.itemsize
+    require(x.strides[2] == item and x.strides[1] == x.shape[2] * item,
+            f"store_kv: k/v (T, K, D) need dense heads and dims, got strides {x.strides}")
+    return x.strides[0] // item
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    """Write k, v (T, K, D) into the caches (num_blocks, block_size, K, D) at flat slots; slot -1 skips."""
+    import cupy
+
+    T, K, D = k.shape
+    require(v.shape == k.shape and k_cache.shape == v_cache.shape and k_cache.shape[2:] == (K, D),
+            f"store_kv: k {k.shape}, v {v.shape}, caches {k_cache.shape} / {v_cache.shape} do not match")
+    require(k_cache.flags.c_contiguous and v_cache.flags.c_contiguous, "store_kv: caches must be contiguous")
+    if T == 0:
+        return
+    require(k.dtype == v.dtype, f"store_kv: k is {k.dtype}, v is {v.dtype}")
+    slots = cupy.asarray(slot_mapping).astype(np.int32, copy=False)
+    kernel = load_kernel("kv_cache.cu", "store_kv", {"DTYPE": ctype(k_cache.dtype), "SRC_T": ctype(k.dtype)})
+    kernel((T,), (_THREADS,), (k, v, k_cache, v_cache, slots, np.int64(_token_stride(k)),
+                                np.int64(_token_stride(v)), np.int32(K * D)))

@@ -1,0 +1,90 @@
+"""paged_attention on the GPU: split-KV ("flash-decoding") attention over the paged cache (csrc/paged_attention.cu).
+
+Design decisions:
+- One kernel serves decode and prefill: a CTA takes one query token, the GROUP query heads of one kv head (so
+  each K/V byte is read once per query token) and one of `num_splits` even parts of the keys that token sees.
+  Decode (T == S, known from shapes alone) skips the search for each token's sequence. Prefill re-reads a
+  sequence's keys once per query token (from L2 mostly): correct and simple; a tiled tensor-core prefill
+  kernel would read them once per tile.
+- num_splits depends only on shapes (T, K, the block table's width), never on context_lens' values, so a
+  launch is the same in every replay of a CUDA graph: enough CTAs to give every SM several, each part at
+  least _MIN_SPLIT_TOKENS long for the widest possible context. Parts past a short context are empty.
+- Shapes the kernel does not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
+  heads per kv head) run the reference code on the same CuPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from barerl.backend.ref import nn as ref
+from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.launch import contiguous, require
+
+_THREADS = 128
+_CTAS_PER_SM = 4
+_MIN_SPLIT_TOKENS = 128
+_num_sms: dict[int, int] = {}
+
+
+def _sm_count() -> int:
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _num_sms:
+        _num_sms[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _num_sms[dev]
+
+
+def _supported(head_dim: int, group: int, cache_dtype) -> bool:
+    vec = 16 // np.dtype(cache_dtype).itemsize
+    per_row = head_dim // vec
+    return head_dim % vec == 0 and per_row <= 32 and per_row & (per_row - 1) == 0 and 1 <= group <= 16
+
+
+def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
+    """Parts per query token: fill the GPU when T x K alone does not, never parts under _MIN_SPLIT_TOKENS."""
+    target = _CTAS_PER_SM * _sm_count()
+    work = num_tokens * num_kv_heads
+    if work >= target:
+        return 1
+    return max(1, min(math.ceil(target / work), math.ceil(max_context / _MIN_SPLIT_TOKENS)))
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """Causal attention of new query tokens against each sequence's cached keys and values.
+
+    q (T, H, D) packed by cu_seqlens_q (S+1,); caches (num_blocks, block_size, K, D); block_tables
+    (S, max_blocks) int32; context_lens (S,) counts cached tokens including the new ones. Returns o (T, H, D)
+    in q's dtype (the contract of backend.ref.paged_attention).
+    """
+    import cupy
+
+    T, H, D = q.shape
+    _, block_size, K, Dc = k_cache.shape
+    require(Dc == D and H % K == 0 and v_cache.shape == k_cache.shape,
+            f"paged_attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+    group = H // K
+    if T == 0 or not _supported(D, group, k_cache.dtype):
+        return ref.paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    i32 = np.int32
+    block_tables = contiguous(cupy.asarray(block_tables).astype(i32, copy=False))
+    context_lens = cupy.asarray(context_lens).astype(i32, copy=False)
+    cu_seqlens_q = cupy.asarray(cu_seqlens_q).astype(i32, copy=False)
+    q = contiguous(q)
+    S, max_blocks = block_tables.shape
+    splits = num_splits(T, K, max_blocks * block_size)
+    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group}
+    out = cupy.empty((T, H, D), q.dtype)
+    o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
+    lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
+    kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
+    kernel((splits, K, T), (_THREADS,),
+           (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S), i32(K),
+            i32(block_size), i32(max_blocks), i32(splits), i32(T == S), np.float32(scale * math.log2(math.e))))
+    if splits > 1:
+        combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
+        combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))
+    return out

@@ -1,0 +1,87 @@
+"""paged_attention (kernels/paged_attention.py) against backend.ref.paged_attention.
+
+Ragged context lengths, block tables over shuffled physical blocks (padded with unused entries), GQA groups
+1/2/4 (and the tiny test models' head dims), decode (one query per sequence, with and without split-KV) and
+prefill (many queries per sequence against a cached prefix). Outputs come from a poisoned memory pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_harness import BF16, DTYPES, FP32, assert_close, f32, poisoned
+
+from barerl.backend import ref
+
+pytestmark = pytest.mark.gpu
+BLOCK_SIZE = 16
+
+
+def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_context, prefill):
+    """Random q, caches, shuffled block tables; returns the op's arguments (cu_seqlens_q last but scale)."""
+    import cupy
+
+    rng = draw.rng
+    contexts = rng.integers(1, max_context + 1, num_seqs)
+    contexts[0] = max_context  # the longest context sets the widest table row
+    new = rng.integers(1, np.minimum(contexts, 40) + 1) if prefill else np.ones(num_seqs, np.int64)
+    if prefill:
+        new[-1] = contexts[-1]  # one sequence with no cached prefix
+    blocks_per_seq = -(-contexts // BLOCK_SIZE)
+    num_blocks = int(blocks_per_seq.sum()) + 5
+    physical = rng.permutation(num_blocks)
+    max_blocks = int(blocks_per_seq.max()) + 3  # padding columns the kernel must never read
+    tables = rng.integers(0, num_blocks, (num_seqs, max_blocks)).astype(np.int32)
+    start = 0
+    for s, n in enumerate(blocks_per_seq):
+        tables[s, :n] = physical[start:start + n]
+        start += n
+    cu = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    q = draw.normal((int(cu[-1]), num_heads, head_dim), dtype)
+    k_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
+    v_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
+    return q, k_cache, v_cache, cupy.asarray(tables), cupy.asarray(contexts.astype(np.int32)), cupy.asarray(cu)
+
+
+def run_and_compare(q, k_cache, v_cache, tables, contexts, cu, dtype):
+    from barerl.backend import cuda
+
+    scale = q.shape[-1] ** -0.5
+    trap = poisoned(q.shape, q.dtype)  # freed to the pool: the op's output most likely lands on the NaNs
+    del trap
+    out = cuda.paged_attention(q, k_cache, v_cache, tables, contexts, cu, scale)
+    want = ref.paged_attention(f32(q), f32(k_cache), f32(v_cache), tables, contexts, cu, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert_close("o", out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("num_seqs,max_context", [(3, 1500), (70, 300)])
+def test_decode(draw, dtype, head_dim, group, num_seqs, max_context):
+    """3 sequences split their keys over many CTAs; 70 x 8 kv heads fill the GPU with one part each."""
+    num_kv_heads = 8 if num_seqs > 8 else 2
+    batch = make_batch(draw, dtype, num_seqs, num_kv_heads * group, num_kv_heads, head_dim, max_context, False)
+    run_and_compare(*batch, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+def test_prefill(draw, dtype, head_dim, group):
+    batch = make_batch(draw, dtype, 5, 2 * group, 2, head_dim, 200, True)
+    run_and_compare(*batch, dtype)
+
+
+@pytest.mark.parametrize("head_dim,group,dtype", [(32, 2, FP32), (16, 4, FP32), (32, 2, BF16), (128, 8, BF16)])
+@pytest.mark.parametrize("prefill", [False, True])
+def test_small_head_dims_and_wide_groups(draw, head_dim, group, dtype, prefill):
+    """The tiny test models' shapes (head_dim 16/32) and 8 query heads per kv head."""
+    batch = make_batch(draw, dtype, 4, group, 1, head_dim, 100, prefill)
+    run_and_compare(*batch, dtype)
+
+
+def test_fp32_queries_on_bf16_cache(draw):
+    q, k_cache, v_cache, tables, contexts, cu = make_batch(draw, BF16, 6, 4, 2, 128, 500, False)
+    run_and_compare(q.astype(np.float32), k_cache, v_cache, tables, contexts, cu, BF16)
