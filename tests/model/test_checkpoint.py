@@ -5,6 +5,7 @@ an error naming the file and the tensor or field."""
 import dataclasses
 import json
 import os
+import re
 import struct
 import sys
 import types
@@ -166,16 +167,21 @@ def test_round_trip(tiny_hf_model, tmp_path, dtype, max_shard_bytes):
     np.testing.assert_array_equal(params2.flat, params.flat)
 
 
-def test_saves_generation_config_and_tokenizer(tiny_hf_model, tmp_path):
+def tiny_hf_tokenizer(chat_template=None):
+    """A 4-token transformers tokenizer (no downloads)."""
     tokenizers = pytest.importorskip("tokenizers")
     vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, "hello": 3}
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>")),
-        bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", chat_template=chat_template)
+
+
+def test_saves_generation_config_and_tokenizer(tiny_hf_model, tmp_path):
     folder, _ = tiny_hf_model("llama3", tmp_path, bos_token_id=0, eos_token_id=[1, 2])
     cfg, params = load_checkpoint(folder)
     out = tmp_path / "ours"
-    save_checkpoint(out, cfg, params, tokenizer=tok, generation_config={"temperature": 0.6, "do_sample": True})
+    save_checkpoint(out, cfg, params, tokenizer=tiny_hf_tokenizer(),
+                    generation_config={"temperature": 0.6, "do_sample": True})
     gen = transformers.GenerationConfig.from_pretrained(out)
     assert (gen.bos_token_id, gen.eos_token_id, gen.temperature, gen.do_sample) == (0, [1, 2], 0.6, True)
     assert transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("hello") == 3
@@ -205,6 +211,9 @@ def test_save_replaces_atomically(tiny_hf_model, tmp_path):
     with pytest.raises(CheckpointError, match=r"notes.*no config\.json.*refusing"):
         save_checkpoint(tmp_path / "notes", cfg, params)
     assert (tmp_path / "notes" / "diary.txt").read_text() == "precious"
+    (out / "checkpoint-100").mkdir()  # a run folder with checkpoints inside is not replaced either
+    with pytest.raises(CheckpointError, match=r"ours.*subfolders.*refusing"):
+        save_checkpoint(out, cfg, params)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,10 +357,26 @@ def test_describe(tiny_hf_model, tmp_path):
     cfg = ModelConfig.from_file(folder / "config.json")
     tok = types.SimpleNamespace(vocab_size=96, bos_token="<s>", bos_token_id=0, eos_token="</s>",
                                 eos_token_id=1, chat_template="{{ messages }}")
-    text = describe(cfg, tok)
+    text = re.sub(" +", " ", describe(cfg, tok, {"BF16": 20, "F32": 1}))  # column widths vary
     n = sum(p.numel() for p in model.parameters())
-    for fact in ["LlamaForCausalLM", "layers", "2", "hidden", "64", "4 query", "1 key/value", "head_dim 16",
-                 "112", "96", "tied", "500000", "llama3", "factor 8", f"{n / 1e6:.2f}M", "float32",
-                 "<s>", "</s>", "chat template"]:
+    for fact in ["LlamaForCausalLM", "layers 2", "hidden 64", "4 query, 1 key/value",
+                 "head_dim 16", "intermediate 112", "tied", "theta 500000", "llama3 (factor 8",
+                 f"{n / 1e6:.2f}M ({n:,})", "BF16 (20 tensors), F32 (1 tensor)", "'<s>' (id 0)", "'</s>' (id 1)",
+                 "chat template yes"]:
         assert fact in text, (fact, text)
-    assert "tokenizer" not in describe(cfg).lower() or "none" in describe(cfg).lower()
+    assert re.search("tokenizer +none found", describe(cfg))
+    assert re.search("dtype on disk +float32", describe(cfg))
+
+
+def test_info_command(tiny_hf_model, tmp_path, capsys):
+    from barerl.cli import main
+
+    folder, _ = tiny_hf_model("qwen3", tmp_path, dtype="bfloat16")
+    cfg, params = load_checkpoint(folder, dtype="bfloat16")
+    save_checkpoint(tmp_path / "ours", cfg, params, tokenizer=tiny_hf_tokenizer("{{ messages[0]['content'] }}"))
+    assert main(["info", "--model", str(tmp_path / "ours")]) == 0
+    out = re.sub(" +", " ", capsys.readouterr().out)
+    for fact in ["Qwen3ForCausalLM", "q/k RMSNorm", "theta 1e+06", "BF16 (", "'<s>' (id 0)", "chat template yes"]:
+        assert fact in out, (fact, out)
+    assert main(["info", "--model", str(tmp_path / "missing")]) == 1
+    assert "missing: no such file or folder" in capsys.readouterr().err

@@ -27,6 +27,7 @@ import secrets
 import shutil
 import struct
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import ml_dtypes
@@ -154,21 +155,16 @@ def write_safetensors(path: str, tensors: Iterable[tuple[str, object]], dtype=No
 def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[ModelConfig, ParameterBuffer]:
     """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        cfg = ModelConfig.from_file(os.path.join(path, "config.json"))
-        tensors, file_of, weights_file = _folder_tensors(path)
-    elif os.path.isfile(path) and path.lower().endswith(".gguf"):
+    if _is_gguf(path):
         from barerl.model.gguf import read_gguf
 
         gguf = read_gguf(path)
         cfg = ModelConfig.from_dict(gguf.config, source=path)
         # `gguf.tensors` dequantises on access: it stays lazy, so one fp32 tensor exists at a time
         tensors, file_of, weights_file = gguf.tensors, dict.fromkeys(gguf.tensors, path), path
-    elif os.path.exists(path):
-        raise CheckpointError(f"{path}: expected a model folder (config.json + {SAFETENSORS_FILE}) "
-                              "or a .gguf file")
     else:
-        raise CheckpointError(f"{path}: no such file or folder")
+        cfg = ModelConfig.from_file(os.path.join(path, "config.json"))
+        tensors, file_of, weights_file = _folder_tensors(path)
     _check_names(cfg, tensors, file_of, weights_file)
     params = ParameterBuffer(cfg, xp.empty(cfg.num_parameters(), dtype=resolve_dtype(dtype)))
     for name, view in params:
@@ -178,6 +174,40 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
                                   f"config implies {view.shape}")
         _copy_into(view, array)
     return cfg, params
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """The config of a model folder or .gguf file, without reading any weights."""
+    path = os.fspath(path)
+    if _is_gguf(path):
+        from barerl.model.gguf import read_gguf
+
+        return ModelConfig.from_dict(read_gguf(path).config, source=path)
+    return ModelConfig.from_file(os.path.join(path, "config.json"))
+
+
+def stored_dtypes(path: str | os.PathLike) -> dict[str, int]:
+    """How the weights are stored: dtype ('BF16', 'F32', GGUF's 'Q4_1', ...) -> number of tensors."""
+    path = os.fspath(path)
+    if _is_gguf(path):
+        from barerl.model.gguf import read_gguf
+        from barerl.model.gguf_quants import type_name
+
+        names = [type_name(info.ggml_type) for info in read_gguf(path).tensor_infos.values()]
+    else:
+        names = [_NUMPY_TO_ST[a.dtype] for a in _folder_tensors(path)[0].values()]
+    return dict(Counter(names).most_common())
+
+
+def _is_gguf(path: str) -> bool:
+    """True for a .gguf file, False for a folder; anything else is a CheckpointError."""
+    if os.path.isdir(path):
+        return False
+    if os.path.isfile(path) and path.lower().endswith(".gguf"):
+        return True
+    if os.path.exists(path):
+        raise CheckpointError(f"{path}: expected a model folder (config.json + {SAFETENSORS_FILE}) or a .gguf file")
+    raise CheckpointError(f"{path}: no such file or folder")
 
 
 def _folder_tensors(folder: str) -> tuple[dict[str, np.ndarray], dict[str, str], str]:
@@ -289,13 +319,15 @@ def save_checkpoint(folder: str | os.PathLike, cfg: ModelConfig, params: Paramet
 
 
 def _check_replaceable(folder: str) -> None:
-    """Refuse to replace anything that is not a checkpoint: saving to a wrong path must not delete data."""
+    """Refuse to replace anything but a checkpoint (a flat folder with a config.json): saving to a wrong
+    path, e.g. a run's output folder holding checkpoint subfolders, must not delete data."""
     if os.path.exists(folder):
         if not os.path.isdir(folder):
             raise CheckpointError(f"{folder}: exists and is not a folder")
-        if os.listdir(folder) and not os.path.isfile(os.path.join(folder, "config.json")):
-            raise CheckpointError(f"{folder}: exists, is not empty and holds no config.json; refusing to "
-                                  "replace it with a checkpoint")
+        entries = [os.path.join(folder, e) for e in os.listdir(folder)]
+        if entries and (not os.path.isfile(os.path.join(folder, "config.json")) or any(map(os.path.isdir, entries))):
+            raise CheckpointError(f"{folder}: exists and is not a plain checkpoint folder (no config.json, or "
+                                  "subfolders); refusing to replace it. Save to a new folder or delete it first")
 
 
 def _write_weights(folder: str, cfg: ModelConfig, params: ParameterBuffer, dtype: np.dtype,

@@ -1,15 +1,42 @@
 """`barerl info --model PATH`: a model's architecture, size and tokenizer facts as a short text table.
 
-The tokenizer is duck-typed (ours or a transformers one): `vocab_size` (or `len()`), `bos_token`,
-`bos_token_id`, `eos_token`, `eos_token_id` and `chat_template` are read when present.
+Reads only the config, the weight files' headers and the tokenizer: no weights are loaded, so it is instant
+even for a large model. The tokenizer is duck-typed (ours or a transformers one): `vocab_size` (or
+`len()`), `bos_token`, `bos_token_id`, `eos_token`, `eos_token_id` and `chat_template` are read when present.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+
 from barerl.config import ModelConfig
+from barerl.model.checkpoint import load_config, stored_dtypes
 
 
-def describe(cfg: ModelConfig, tokenizer=None) -> str:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="PATH",
+                        help="a Hugging Face model folder (config.json + safetensors) or a .gguf file")
+
+
+def run(args: argparse.Namespace) -> None:
+    print(describe(load_config(args.model), _load_tokenizer(args.model), stored_dtypes(args.model)))
+
+
+def _load_tokenizer(path: str):
+    """The model's tokenizer (from the folder's tokenizer.json or the GGUF's vocabulary), or None."""
+    from barerl.tokenizer import Tokenizer
+
+    if os.path.isdir(path):
+        return Tokenizer.from_pretrained(path) if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+    from barerl.model.gguf import read_gguf
+
+    model = read_gguf(path)
+    return Tokenizer.from_gguf(model) if model.tokenizer_spec is not None else None
+
+
+def describe(cfg: ModelConfig, tokenizer=None, stored: dict[str, int] | None = None) -> str:
+    """`stored`: dtype -> tensor count as on disk (`checkpoint.stored_dtypes`); default: the config's dtype."""
     heads = (f"{cfg.num_attention_heads} query, {cfg.num_key_value_heads} key/value "
              f"({cfg.num_attention_heads // cfg.num_key_value_heads} per group), head_dim {cfg.head_dim}")
     rows = [
@@ -25,7 +52,8 @@ def describe(cfg: ModelConfig, tokenizer=None) -> str:
         ("rope", _rope(cfg)),
         ("max positions", cfg.max_position_embeddings),
         ("parameters", _count(cfg.num_parameters())),
-        ("dtype on disk", cfg.torch_dtype),
+        ("dtype on disk", ", ".join(f"{k} ({n} tensor{'s' * (n != 1)})" for k, n in stored.items())
+         if stored else cfg.torch_dtype),
     ]
     rows += _tokenizer_rows(tokenizer) if tokenizer is not None else [("tokenizer", "none found")]
     width = max(len(key) for key, _ in rows)
