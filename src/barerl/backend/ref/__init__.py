@@ -5,5 +5,5 @@ one family of ops; add a module's line below when it gains public ops.
 """
 
 from barerl.backend.ref.nn import *  # noqa: F401,F403
-from barerl.backend.ref.optim import *  # noqa: F401,F403
+from barerl.backend.ref.optim import *
 from barerl.backend.ref.sampling import *  # noqa
