@@ -1,0 +1,123 @@
+"""Micro-benchmarks of the inference engine's kernels on the GPU: paged attention, store_kv, sampler.
+
+Prints one table (time per call, bytes that must move, achieved GB/s and its fraction of the measured
+device-to-device copy bandwidth) and writes it as CSV. Shapes follow the Qwen3-0.6B workloads of
+WORKLOADS.md (16 query heads, 8 kv heads, head_dim 128, bf16 cache, block size 16, vocab 151,936).
+
+    PYTHONPATH=src python bench/bench_decode_kernels.py [--csv FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+H, K, D, BLOCK = 16, 8, 128, 16
+VOCAB = 151936
+
+
+def gpu_ms(fn, args=(), repeat: int = 50) -> float:
+    """Median GPU time of fn(*args) in ms (CUDA events around each call, after warm-up)."""
+    from cupyx.profiler import benchmark
+
+    return float(np.median(benchmark(fn, args, n_repeat=repeat, n_warmup=5).gpu_times[0]) * 1e3)
+
+
+def copy_bandwidth() -> float:
+    import cupy
+
+    a = cupy.ones(1 << 30, np.uint8)
+    b = cupy.empty_like(a)
+    ms = gpu_ms(b.__setitem__, (Ellipsis, a), 20)
+    return 2 * a.nbytes / ms / 1e6  # GB/s, bytes read + written
+
+
+def attention_case(rng, contexts, new_tokens):
+    """Arguments of paged_attention for sequences with these context lengths and new tokens each."""
+    import cupy
+
+    blocks = -(-contexts // BLOCK)
+    num_blocks = int(blocks.sum())
+    physical = rng.permutation(num_blocks).astype(np.int32)
+    tables = np.zeros((len(contexts), int(blocks.max())), np.int32)
+    offsets = np.concatenate([[0], np.cumsum(blocks)])
+    for s in range(len(contexts)):
+        tables[s, :blocks[s]] = physical[offsets[s]:offsets[s + 1]]
+    cu = np.concatenate([[0], np.cumsum(new_tokens)]).astype(np.int32)
+    T = int(cu[-1])
+
+    def normal(shape):
+        return cupy.asarray(rng.standard_normal(shape, np.float32).astype(BF16))
+
+    q = normal((T, H, D))
+    k_cache, v_cache = normal((num_blocks, BLOCK, K, D)), normal((num_blocks, BLOCK, K, D))
+    args = (q, k_cache, v_cache, cupy.asarray(tables), cupy.asarray(contexts.astype(np.int32)), cupy.asarray(cu),
+            D**-0.5)
+    kv_bytes = int(contexts.sum()) * K * D * 2 * BF16.itemsize
+    return args, kv_bytes + 2 * q.nbytes
+
+
+def sample_case(rng, rows, temperature, top_k, top_p):
+    import cupy
+
+    logits = cupy.asarray(rng.standard_normal((rows, VOCAB), np.float32) * 2)
+    settings = [cupy.full(rows, value, dtype) for value, dtype in
+                ((temperature, np.float32), (top_k, np.int32), (top_p, np.float32), (0.0, np.float32))]
+    return (logits, *settings, cupy.arange(rows, dtype=np.uint64), cupy.full(rows, 7, np.int64)), logits.nbytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", default="bench_decode_kernels.csv")
+    args = parser.parse_args()
+    import cupy
+
+    from barerl.backend import cuda
+    from barerl.kernels.paged_attention import num_splits
+
+    rng = np.random.default_rng(0)
+    bandwidth = copy_bandwidth()
+    rows = [("copy 1 GiB (device to device)", 2 * (1 << 30) / bandwidth / 1e6, 2 * (1 << 30), "")]
+    decode_cases = {
+        "decode G1: 64 seqs x 640 ctx": np.full(64, 640),
+        "decode G1 ragged: 64 seqs x 128..1152": rng.integers(128, 1153, 64),
+        "decode G2: 256 seqs x 384 ctx": np.full(256, 384),
+        "decode 1 seq x 32k ctx": np.full(1, 32768),
+        "decode 4 seqs x 16k ctx": np.full(4, 16384),
+        "decode 16 seqs x 4k ctx": np.full(16, 4096),
+    }
+    for name, contexts in decode_cases.items():
+        case, nbytes = attention_case(rng, contexts, np.ones(len(contexts), np.int64))
+        splits = num_splits(len(contexts), K, case[3].shape[1] * BLOCK)
+        rows.append((name, gpu_ms(cuda.paged_attention, case), nbytes, f"{splits} splits"))
+    case, nbytes = attention_case(rng, np.full(64, 128), np.full(64, 128))
+    rows.append(("prefill 64 seqs x 128 tokens (no prefix)", gpu_ms(cuda.paged_attention, case), nbytes,
+                 "K/V re-read per query"))
+    for tokens in (64, 8192):
+        k = cupy.asarray(rng.standard_normal((tokens, K, D), np.float32).astype(BF16))
+        cache = cupy.zeros((tokens // BLOCK + 1, BLOCK, K, D), BF16)
+        slots = cupy.asarray(rng.permutation(tokens).astype(np.int32))
+        rows.append((f"store_kv {tokens} tokens", gpu_ms(cuda.store_kv, (k, k, cache, cache, slots)),
+                     4 * k.nbytes, ""))
+    for name, (t, top_k, top_p) in {"greedy": (0.0, 0, 1.0), "temperature 1": (1.0, 0, 1.0),
+                                    "top-k 50 + top-p 0.9": (1.0, 50, 0.9)}.items():
+        for batch in (64, 256):
+            case, nbytes = sample_case(rng, batch, t, top_k, top_p)
+            rows.append((f"sample {batch} x {VOCAB} {name}", gpu_ms(cuda.sample, case), nbytes, ""))
+
+    print(f"{'case':48s} {'ms':>9s} {'MB':>9s} {'GB/s':>8s} {'% copy':>7s}  note")
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["case", "ms", "bytes", "GB/s", "fraction_of_copy", "note"])
+        for name, ms, nbytes, note in rows:
+            gbs = nbytes / ms / 1e6
+            print(f"{name:48s} {ms:9.4f} {nbytes / 1e6:9.1f} {gbs:8.0f} {100 * gbs / bandwidth:6.1f}%  {note}")
+            writer.writerow([name, f"{ms:.5f}", nbytes, f"{gbs:.1f}", f"{gbs / bandwidth:.4f}", note])
+
+
+if __name__ == "__main__":
+    main()
