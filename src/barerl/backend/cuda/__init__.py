@@ -14,6 +14,3 @@ from barerl.kernels.sampling import sample  # noqa: F401
 from barerl.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_backward  # noqa: F401
 from barerl.kernels.rmsnorm import rmsnorm, rmsnorm_backward  # noqa: F401
 from barerl.kernels.swiglu import swiglu, swiglu_backward  # noqa: F401
-from barerl.kernels.kv_cache import store_kv  # noqa: F401
-from barerl.kernels.paged_attention import paged_attention  # noqa: F401
-from barerl.kernels.sampling import sample  # noqa: F401
