@@ -72,6 +72,14 @@ def test_ties(draw):
     check(logits, settings(draw, 24, ["greedy", "top_k", "all", "top_p"]))
 
 
+def test_banned_tokens(draw):
+    """Rows with -inf logits (the engine bans tokens before min_tokens that way), one row almost all banned."""
+    logits = draw.normal((6, 3000), np.float32, 2.0)
+    logits[:, ::3] = -np.inf
+    logits[5, 1:] = -np.inf
+    check(logits, settings(draw, 6, ["greedy", "temperature", "all"]))
+
+
 def test_reproducible(draw):
     import cupy
 

@@ -184,7 +184,8 @@ extern "C" __global__ void __launch_bounds__(PARTIAL_THREADS) sample_partials(
     const int end = min(vocab, (c + 1) * CHUNK);
     for (int v = c * CHUNK + threadIdx.x; v < end; v += PARTIAL_THREADS) {
         const float z = greedy ? row[v] : row[v] / t;
-        if (order_key(z) < floor_key || (mp > 0.0f && !(expf(z - z_max) >= mp))) continue;
+        // -inf (banned tokens) carries no mass and can never win; skipping it keeps exp(z - m) off -inf - -inf
+        if (z == NEG_INF || order_key(z) < floor_key || (mp > 0.0f && !(expf(z - z_max) >= mp))) continue;
         if (z > m) {
             s = s * expf(m - z) + 1.0f;
             m = z;
