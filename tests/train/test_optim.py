@@ -150,3 +150,12 @@ def test_state_dict_roundtrip_continues_identically():
     np.testing.assert_array_equal(c.params.flat, a.params.flat)
     with pytest.raises(ValueError, match="exp_avg"):
         c.load_state_dict({**state, "arrays": {**state["arrays"], "exp_avg": np.zeros(3, np.float32)}})
+
+
+def test_from_config():
+    from barerl.train.config import GRPOConfig
+
+    cfg = GRPOConfig(adam_beta2=0.95, weight_decay=0.1, max_grad_norm=None)
+    opt = AdamW.from_config(ParameterBuffer.zeros(tiny_cfg(), np, np.float32), ref, cfg)
+    assert (opt.beta1, opt.beta2, opt.weight_decay, opt.max_grad_norm) == (0.9, 0.95, 0.1, None)
+    assert opt.decay_mask is not None and 0 < int(opt.decay_mask.sum()) < opt.decay_mask.size

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import get_scheduler
 
-from barerl.train.schedule import make_schedule, resolve_warmup_steps
+from barerl.train.schedule import make_schedule, resolve_total_steps, resolve_warmup_steps
 
 
 def hf_lrs(name, lr, total, warmup):
@@ -43,3 +43,9 @@ def test_warmup_ratio_rounds_up_like_the_trainer_and_steps_win():
 def test_bad_name_is_named():
     with pytest.raises(ValueError, match="lr_scheduler_type.*'cosin'"):
         make_schedule("cosin", 1e-3, 10)
+
+
+def test_total_steps():
+    assert resolve_total_steps(10, 3.0, 100) == 10
+    assert resolve_total_steps(-1, 3.0, 7) == 21
+    assert resolve_total_steps(-1, 0.5, 7) == 4

@@ -53,6 +53,12 @@ class AdamW:
         self.grads = ParameterBuffer.zeros(cfg, xp, np.float32)
         self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
 
+    @classmethod
+    def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
+        """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm)."""
+        return cls(params, backend, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
+                   weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+
     def _build_decay_mask(self, xp):
         mask = np.ones(self.master.flat.shape[0], dtype=np.uint8)
         for name, (offset, shape) in self.master.offsets.items():

@@ -59,6 +59,14 @@ class Schedule:
         return asdict(self)
 
 
+def resolve_total_steps(max_steps: int, num_train_epochs: float, steps_per_epoch: int) -> int:
+    """max_steps when > 0, else ceil(num_train_epochs * steps_per_epoch) (the Trainer's rule; steps are
+    optimizer steps, so steps_per_epoch already accounts for gradient accumulation)."""
+    if max_steps > 0:
+        return max_steps
+    return max(1, math.ceil(num_train_epochs * max(1, steps_per_epoch)))
+
+
 def make_schedule(
     name: str, learning_rate: float, num_training_steps: int, warmup_steps: int = 0, warmup_ratio: float = 0.0
 ) -> Schedule:
