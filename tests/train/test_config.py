@@ -46,6 +46,7 @@ def test_yaml_then_overrides(tmp_path):
     assert cfg.dynamic_sampling is True and cfg.mask_truncated_completions is False
     assert cfg.scale_rewards == "none"  # TRL's False
     assert cfg.to_dict()["report_to"] == ["jsonl", "tensorboard"]
+    assert GRPOConfig(**cfg.to_dict()) == cfg  # what a checkpoint stores rebuilds the same config
 
 
 def test_toml_and_config_flag(tmp_path):
@@ -131,3 +132,19 @@ def test_help_lists_every_option_with_default(capsys):
         assert f"--{f.name}" in out
     assert "(default: dapo)" in out and "(default: 0.2)" in out
     assert build_argparser(SFTConfig).parse_args(["--packing"]).packing == "true"
+
+
+def test_arguments_on_an_existing_parser(tmp_path):
+    import argparse
+
+    from barerl.train.config import add_config_arguments, config_from_namespace
+
+    path = tmp_path / "c.yaml"
+    path.write_text("max_steps: 4\nreward_funcs: [a:f]\n")
+    parser = argparse.ArgumentParser(prog="barerl grpo")
+    parser.add_argument("--verbose", action="store_true")  # the CLI's own flags are left alone
+    add_config_arguments(parser, GRPOConfig)
+    args = parser.parse_args(["--config", str(path), "--verbose", "--seed", "3", "--beta", "0.01"])
+    cfg = config_from_namespace(GRPOConfig, args)
+    assert (cfg.max_steps, cfg.seed, cfg.beta, cfg.reward_funcs) == (4, 3, 0.01, ("a:f",))
+    assert config_from_namespace(GRPOConfig, parser.parse_args([])) == GRPOConfig()

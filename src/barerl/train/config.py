@@ -211,6 +211,13 @@ class GRPOConfig(TrainConfig):
 # Coercion and validation
 
 
+def _unwrap_optional(tp):
+    """X for `X | None`, else tp itself (only Optional unions are used in configs)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    return tp
+
+
 def type_name(tp) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -222,12 +229,11 @@ def type_name(tp) -> str:
 
 def coerce(key: str, value: Any, tp) -> Any:
     """`value` (from YAML, TOML, the command line or Python) as the field type `tp`, or a ConfigError."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
+    if _unwrap_optional(tp) is not tp:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
             return None
-        (inner,) = [a for a in args if a is not type(None)]  # only Optional[X] is used
-        return coerce(key, value, inner)
+        return coerce(key, value, _unwrap_optional(tp))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple:
         items = value if isinstance(value, (list, tuple)) else [value]
         parts = []
@@ -343,17 +349,10 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"command line: {message}")
 
 
-def _is_list(tp) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    return typing.get_origin(tp) is tuple
-
-
 def _metavar(tp, meta) -> str:
     if meta.get("choices"):
         return "{" + ",".join(meta["choices"]) + "}"
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    tp = _unwrap_optional(tp)
     if typing.get_origin(tp) is tuple:
         item = typing.get_args(tp)[0].__name__.upper()
         return f"{item}[,{item}...]"
@@ -365,13 +364,22 @@ def _show(value) -> str:
 
 
 def build_argparser(cls: type, prog: str | None = None) -> argparse.ArgumentParser:
-    """Every field as `--name VALUE` with its help and default (`barerl grpo --help`), plus `--config`.
+    """A parser for `barerl sft|grpo`: `--config` and every field, with help and defaults (`--help`).
 
-    Values stay strings (bare bool flags mean true; list flags may repeat); `load_config` converts them.
+    Its errors are ConfigErrors; `parse_overrides` / `load_config` add the closest-key suggestion.
     """
     parser = _Parser(prog=prog, description=cls.__doc__, usage="%(prog)s [--config FILE] [--key VALUE ...]",
-                     allow_abbrev=False, argument_default=argparse.SUPPRESS)
-    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of keys; --key flags override it.")
+                     allow_abbrev=False)
+    add_config_arguments(parser, cls)
+    return parser
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add `--config` and one `--name VALUE` per field to an existing parser (`config_from_namespace` reads
+    them). Values stay strings until the config converts them; bare bool flags mean true; list flags repeat.
+    """
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="YAML or TOML file of keys; --key flags override it.")
     common = parser.add_argument_group("training options")
     own = parser.add_argument_group(f"{cls.__name__} options")
     shared = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -379,12 +387,12 @@ def build_argparser(cls: type, prog: str | None = None) -> argparse.ArgumentPars
     for f in dataclasses.fields(cls):
         tp, meta = hints[f.name], f.metadata
         kwargs: dict[str, Any] = {"nargs": "?", "const": "true"} if tp is bool else {}
-        if _is_list(tp):
+        if typing.get_origin(_unwrap_optional(tp)) is tuple:
             kwargs["action"] = "append"
         help_text = f"{meta['help']} (default: {_show(f.default)})".replace("%", "%%")
         group = common if f.name in shared and cls is not TrainConfig else own
-        group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, **kwargs)
-    return parser
+        group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, default=argparse.SUPPRESS,
+                           **kwargs)
 
 
 def parse_overrides(cls: type, tokens: list[str]) -> dict[str, Any]:
@@ -400,8 +408,26 @@ def parse_overrides(cls: type, tokens: list[str]) -> dict[str, Any]:
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Defaults, then the YAML/TOML file at `path` (or `--config` among the overrides), then `--key value`."""
+    return _from_flags(cls, path, parse_overrides(cls, overrides or []))
+
+
+def config_from_namespace(cls: type[T], namespace: argparse.Namespace) -> T:
+    """The config from a namespace parsed by a parser that `add_config_arguments` filled."""
+    names = {f.name for f in dataclasses.fields(cls)} | {"config"}
+    return _from_flags(cls, None, {k: v for k, v in vars(namespace).items() if k in names})
+
+
+def config_from_argv(cls: type[T], argv: list[str], prog: str | None = None) -> T:
+    """`barerl sft|grpo [--config FILE] [--key value ...]`; -h/--help prints every option and exits."""
+    if "-h" in argv or "--help" in argv:
+        build_argparser(cls, prog).print_help()
+        raise SystemExit(0)
+    return load_config(cls, None, argv)
+
+
+def _from_flags(cls: type[T], path: str | Path | None, flags: dict[str, Any]) -> T:
     hints = typing.get_type_hints(cls)
-    flags = parse_overrides(cls, overrides or [])
+    flags = dict(flags)
     path = flags.pop("config", None) or path
     values: dict[str, Any] = {}
     for source, raw in ((f"config file {path}", read_config_file(path) if path else {}),
@@ -414,11 +440,3 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             except ConfigError as e:
                 raise ConfigError(f"{source}: {e}") from None
     return cls(**values)
-
-
-def config_from_argv(cls: type[T], argv: list[str], prog: str | None = None) -> T:
-    """`barerl sft|grpo [--config FILE] [--key value ...]`; -h/--help prints every option and exits."""
-    if "-h" in argv or "--help" in argv:
-        build_argparser(cls, prog).print_help()
-        raise SystemExit(0)
-    return load_config(cls, None, argv)
