@@ -333,6 +333,19 @@ def test_sharded_index_naming_a_missing_shard(tiny_hf_model, tmp_path):
         load_checkpoint(folder)
 
 
+def test_corrupt_index(tiny_hf_model, tmp_path):
+    folder, _ = tiny_hf_model("qwen2", tmp_path, max_shard_size="50KB")
+    index = folder / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    moved = weight_map.pop("model.norm.weight")
+    index.write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=rf"{moved}: tensor 'model\.norm\.weight' is not listed"):
+        load_checkpoint(folder)
+    index.write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"index\.json: not a valid index"):
+        load_checkpoint(folder)
+
+
 def test_not_a_checkpoint_path(tmp_path):
     with pytest.raises(CheckpointError, match=r"nowhere.*no such file"):
         load_checkpoint(tmp_path / "nowhere")

@@ -8,9 +8,9 @@ Design decisions:
   full copy of the model, only one tensor in flight (on CuPy, the host copy of one tensor at a time).
   GGUF tensors come from `barerl.model.gguf.read_gguf`, dequantised one at a time as they are copied.
 - Every header is validated before any data is read (offsets inside the file, sizes matching shapes,
-  known dtypes), and every tensor against the config (nothing missing, nothing unexpected, shapes as the
-  config implies). Errors are `CheckpointError`s naming the file and the tensor; config problems stay
-  `ConfigError`s from `barerl.config`.
+  known dtypes), and so are the tensor names against the config (nothing missing, nothing unexpected);
+  each shape is checked as its tensor is copied (a GGUF tensor has its shape only once dequantised).
+  Errors are `CheckpointError`s naming the file and the tensor; config problems stay `ConfigError`s.
 - Nothing from a checkpoint is ever executed: `pytorch_model.bin` (a pickle) is refused, not read.
 - Saving is atomic: everything is written into a sibling temporary folder, fsynced, then renamed into
   place; an existing checkpoint is renamed aside first and deleted last. A crash leaves the old or the
