@@ -58,22 +58,21 @@ def _keep_mask(z, top_k, top_p, min_p):
     B, V = z.shape
     keep = xp.ones((B, V), dtype=bool)
     top_k, top_p, min_p = _host(top_k), _host(top_p), _host(min_p)
-    for b in range(B):
-        k = int(top_k[b])
-        if 0 < k < V:
-            kth = xp.partition(z[b], V - k)[V - k]
-            keep[b] &= z[b] >= kth
-        if top_p[b] < 1.0:
-            zk = xp.where(keep[b], z[b], -np.inf)
-            p = xp.exp(zk - zk.max())
-            p /= p.sum()
-            ascending = xp.sort(p)
-            cumulative = xp.cumsum(ascending)
-            # mass of the tokens strictly more probable than v = total - mass of tokens with p <= p_v
-            at_most = cumulative[xp.searchsorted(ascending, p, side="right") - 1]
-            keep[b] &= (cumulative[-1] - at_most) < np.float32(top_p[b])
-        if min_p[b] > 0.0:
-            keep[b] &= xp.exp(z[b] - z[b].max()) >= np.float32(min_p[b])
+    for b in np.flatnonzero((top_k > 0) & (top_k < V)):
+        kth = xp.partition(z[b], V - top_k[b])[V - top_k[b]]
+        keep[b] &= z[b] >= kth
+    for b in np.flatnonzero(top_p < 1):
+        zk = xp.where(keep[b], z[b], -np.inf)
+        p = xp.exp(zk - zk.max())
+        p /= p.sum()
+        ascending = xp.sort(p)
+        cumulative = xp.cumsum(ascending)
+        # mass of the tokens strictly more probable than v = total - mass of the tokens with p <= p_v
+        at_most = cumulative[xp.searchsorted(ascending, p, side="right") - 1]
+        keep[b] &= (cumulative[-1] - at_most) < np.float32(top_p[b])
+    if (min_p > 0).any():
+        ratio = xp.exp(z - z.max(axis=-1, keepdims=True))  # p_v / p_max
+        keep &= ratio >= xp.asarray(min_p, dtype=np.float32)[:, None]
     return keep
 
 

@@ -1,0 +1,139 @@
+"""The whole engine on a mock model that reads every sequence back from the paged cache, against a naive
+one-sequence-at-a-time oracle: batching, chunking, prefix caching, forking and preemption change nothing."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import PagedMockModel, naive_generate
+
+from barerl import LLM, SamplingParams
+
+BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 16}
+ENGINE_CONFIGS = {
+    "default": {},
+    "no-prefix-cache": {"enable_prefix_caching": False},
+    "max-num-seqs-3": {"max_num_seqs": 3},
+    "chunked-5-tokens": {"max_num_batched_tokens": 5},
+    "unchunked": {"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
+    "preemption": {"num_kv_blocks": 16},
+    "preemption-no-cache": {"num_kv_blocks": 16, "enable_prefix_caching": False},
+    "block-size-3": {"block_size": 3, "max_model_len": 63},
+}
+SHARED = list(range(1, 10))
+PROMPTS = [list(range(3, 8)), list(range(11, 24)), [5], SHARED + [20, 21, 22], list(range(4, 24)), SHARED + [30]]
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=12, seed=1),
+    SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=2),
+    SamplingParams(n=2, temperature=0.7, top_k=5, max_tokens=9, seed=3),
+    SamplingParams(n=3, temperature=1.2, top_p=0.8, min_p=0.05, max_tokens=12, seed=4),
+    SamplingParams(temperature=1.0, max_tokens=12, seed=5),
+    SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=6),
+]
+
+
+def token_lists(outputs):
+    return [[(c.token_ids, c.logprobs) for c in o.outputs] for o in outputs]
+
+
+@pytest.mark.parametrize("name", ENGINE_CONFIGS)
+def test_engine_matches_the_naive_oracle(name):
+    model = PagedMockModel()
+    llm = LLM(model, **{**BASE, **ENGINE_CONFIGS[name]})
+    params = [dataclasses.replace(p, logprobs=True) for p in PARAMS]
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    expected = [naive_generate(model, prompt, p, p.seed) for prompt, p in zip(PROMPTS, params)]
+    for i, (got, want) in enumerate(zip(token_lists(outputs), expected)):
+        for j, ((tokens, logprobs), (want_tokens, want_logprobs)) in enumerate(zip(got, want)):
+            assert tokens == want_tokens, f"request {i} sample {j}"
+            np.testing.assert_allclose(logprobs, want_logprobs, rtol=1e-6)
+        assert [c.finish_reason for c in outputs[i].outputs] == ["length"] * params[i].n
+    if name.startswith("preemption"):
+        assert llm.stats["num_preemptions"] > 0
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks  # everything given back
+
+
+def test_n_samples_share_one_prefill():
+    model = PagedMockModel()
+    llm = LLM(model, **BASE)
+    out = llm.generate([list(range(1, 21))], SamplingParams(n=4, max_tokens=6, seed=0), use_tqdm=False)
+    assert len({tuple(c.token_ids) for c in out[0].outputs}) == 4  # four different samples
+    assert model.num_forward_tokens == 20 + 4 * 5
+
+
+def test_shared_system_prompt_is_computed_once():
+    model = PagedMockModel()
+    llm = LLM(model, **{**BASE, "max_num_seqs": 1})  # one at a time: each finds the previous one's blocks
+    system = list(range(1, 17))
+    prompts = [system + [20 + i, 21 + i] for i in range(3)]
+    out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert [o.metrics.num_cached_tokens for o in out] == [0, 16, 16]
+    assert model.num_forward_tokens == 18 + 2 + 2 + 3 * 2
+    again = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert again[0].metrics.num_cached_tokens == 0  # the cache is reset per call: weights may have changed
+    assert again[0].outputs[0].token_ids == out[0].outputs[0].token_ids
+
+
+def test_unseeded_requests_follow_the_engine_seed():
+    def run(seed):
+        llm = LLM(PagedMockModel(), seed=seed, **BASE)
+        return token_lists(llm.generate(PROMPTS[:3], SamplingParams(n=2, max_tokens=8), use_tqdm=False))
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+
+
+def test_a_seeded_request_does_not_depend_on_its_batch():
+    params = SamplingParams(n=2, max_tokens=8, seed=42)
+    alone = LLM(PagedMockModel(), **BASE).generate([PROMPTS[1]], params, use_tqdm=False)
+    batched = LLM(PagedMockModel(), **BASE).generate(PROMPTS, params, use_tqdm=False)
+    assert token_lists(alone)[0] == token_lists(batched)[1]
+
+
+def test_stream_deltas_add_up_to_the_generate_output():
+    params = SamplingParams(n=2, max_tokens=7, seed=3, logprobs=True)
+    llm = LLM(PagedMockModel(), **BASE)
+    [full] = llm.generate([PROMPTS[0]], params, use_tqdm=False)
+    tokens, logprobs, finished = {0: [], 1: []}, {0: [], 1: []}, False
+    for delta in llm.stream(PROMPTS[0], params):
+        assert not finished
+        finished = delta.finished
+        for c in delta.outputs:
+            tokens[c.index] += c.token_ids
+            logprobs[c.index] += c.logprobs
+    assert finished
+    assert [tokens[0], tokens[1]] == [c.token_ids for c in full.outputs]
+    assert [logprobs[0], logprobs[1]] == [c.logprobs for c in full.outputs]
+
+
+def test_outputs_carry_vllm_fields_and_metrics():
+    llm = LLM(PagedMockModel(), **BASE)
+    [out] = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, seed=0), use_tqdm=False)
+    c = out.outputs[0]
+    assert out.prompt_token_ids == [1, 2, 3] and out.finished and c.index == 0 and c.text == ""
+    assert c.logprobs is None and c.cumulative_logprob < 0 and c.finish_reason == "length"
+    m = out.metrics
+    assert m.num_prompt_tokens == 3 and m.num_generated_tokens == 4 and 0 < m.time_to_first_token <= m.latency
+    assert llm.stats["num_generated_tokens"] == 4
+
+
+def test_sleep_releases_the_cache_and_wake_restores_it():
+    llm = LLM(PagedMockModel(), **BASE)
+    params = SamplingParams(n=2, max_tokens=5, seed=9)
+    before = token_lists(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+    llm.sleep()
+    assert llm.runner.kv_cache is None
+    with pytest.raises(RuntimeError, match="wake"):
+        llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    llm.wake()
+    assert token_lists(llm.generate(PROMPTS[:2], params, use_tqdm=False)) == before
+
+
+def test_an_abandoned_stream_leaves_the_engine_clean():
+    llm = LLM(PagedMockModel(), **BASE)
+    stream = llm.stream(PROMPTS[1], SamplingParams(n=3, max_tokens=20, seed=1))
+    next(stream)
+    next(stream)
+    out = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=3, seed=1), use_tqdm=False)
+    assert all(o.finished for o in out)
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
