@@ -33,7 +33,8 @@ def test_group_advantages_group_scale():
 def test_group_advantages_batch_and_none():
     rewards = [3.0, 1.0, 0.0, 4.0]
     std = statistics.stdev(rewards)  # unbiased, over the whole batch
-    expected = [(3 - 2) / (std + 1e-4), (1 - 2) / (std + 1e-4), (0 - 2) / (std + 1e-4), (4 - 2) / (std + 1e-4)]
+    expected = [(3 - 2) / (std + 1e-4), (1 - 2) / (std + 1e-4), (0 - 2) / (std + 1e-4),
+                (4 - 2) / (std + 1e-4)]
     r = np.array(rewards)
     np.testing.assert_allclose(group_advantages(r, 2, "batch"), expected, rtol=1e-6)
     np.testing.assert_allclose(group_advantages(r, 2, "none"), [1, -1, -2, 2])
@@ -74,7 +75,8 @@ def _trl_padded(lp, old, adv, mask, loss_type, eps=0.2, eps_high=None, beta=0.0,
     tok_sum = sum(rows[b][t] * mask[b][t] for b in range(len(rows)) for t in range(len(rows[b])))
     n_tok = max(sum(map(sum, mask)), 1)
     if loss_type == "grpo":
-        per_seq = [sum(x * m for x, m in zip(rows[b], mask[b])) / max(sum(mask[b]), 1) for b in range(len(rows))]
+        per_seq = [sum(x * m for x, m in zip(rows[b], mask[b])) / max(sum(mask[b]), 1)
+                   for b in range(len(rows))]
         return sum(per_seq) / len(per_seq) / micro
     if loss_type == "bnpo":
         return tok_sum / n_tok / micro
@@ -123,14 +125,15 @@ def test_policy_loss_hand_value_grpo():
 def test_policy_loss_matches_trl_formula(loss_type, level, beta):
     lp, old, adv, mask, cu = _packed_inputs()
     kwargs = {"loss_type": loss_type, "epsilon": 0.2, "epsilon_high": 0.28, "beta": beta,
-              "importance_sampling_level": level, "max_completion_length": 4, "ref_logp": _pack(REF) if beta else None}
+              "importance_sampling_level": level, "max_completion_length": 4,
+              "ref_logp": _pack(REF) if beta else None}
     loss, _, metrics = policy_loss(lp, old, adv, mask, cu, **kwargs)
     expected = _trl_padded(LP, OLD, ADV, MASK, loss_type, eps=0.2, eps_high=0.28, beta=beta, ref=REF,
                            level=level, max_len=4)
     assert loss == pytest.approx(expected, rel=1e-12)
     if beta:
-        kl = [math.exp(REF[b][t] - LP[b][t]) - (REF[b][t] - LP[b][t]) - 1 for b in range(2) for t in range(len(LP[b]))
-              if MASK[b][t]]
+        kl = [math.exp(REF[b][t] - LP[b][t]) - (REF[b][t] - LP[b][t]) - 1
+              for b in range(2) for t in range(len(LP[b])) if MASK[b][t]]
         assert metrics["kl"] == pytest.approx(sum(kl) / len(kl), rel=1e-12)
 
 
@@ -151,15 +154,16 @@ def test_micro_batch_normalisers():
 def test_gspo_sequence_ratio():
     """GSPO: one ratio per sequence, exp(mean masked log-ratio); clip fractions count sequences."""
     lp, old, adv, mask, cu = _packed_inputs()
-    loss, _, metrics = policy_loss(lp, old, adv, mask, cu, loss_type="bnpo", importance_sampling_level="sequence",
-                                   epsilon=0.01)
+    loss, _, metrics = policy_loss(lp, old, adv, mask, cu, loss_type="bnpo",
+                                   importance_sampling_level="sequence", epsilon=0.01)
     r0, r1 = math.exp((0.3 - 0.3) / 2), math.exp((0.3 - 0.2) / 2)  # 1.0 and e^0.05 = 1.0513 > 1.01
     # seq 0 unclipped (ratio 1); seq 1 has A<0 and ratio above 1+eps: -min(r*A, 1.01*A) = -r*A (unclipped)
     expected = (2 * -(r0 * 1.5) + 2 * (r1 * 0.7)) / 4
     assert loss == pytest.approx(expected, rel=1e-12)
     assert metrics["clip_ratio/region"] == 0.0
     adv_pos = np.abs(adv)
-    _, _, metrics = policy_loss(lp, old, adv_pos, mask, cu, importance_sampling_level="sequence", epsilon=0.01)
+    _, _, metrics = policy_loss(lp, old, adv_pos, mask, cu, importance_sampling_level="sequence",
+                                epsilon=0.01)
     assert metrics["clip_ratio/high"] == pytest.approx(0.5)  # seq 1 of 2
 
 
@@ -177,7 +181,8 @@ def test_truncated_and_masked_importance_sampling():
         loss, _, metrics = policy_loss(lp, old, adv, mask, cu, loss_type="bnpo", behaviour_logp=behaviour,
                                        importance_correction=mode, importance_cap=cap)
         assert loss == pytest.approx(_trl_padded(LP, OLD, ADV, MASK, "bnpo", is_w=w), rel=1e-12), mode
-    _, _, metrics = policy_loss(lp, old, adv, mask, cu, behaviour_logp=behaviour, importance_correction="token_mask")
+    _, _, metrics = policy_loss(lp, old, adv, mask, cu, behaviour_logp=behaviour,
+                                importance_correction="token_mask")
     assert metrics["is_weight/masked_fraction"] == pytest.approx(1 / 4)
     assert metrics["is_weight/max"] == pytest.approx(math.exp(1.0))
     _, _, metrics = policy_loss(lp, old, adv, mask, cu, behaviour_logp=behaviour,
@@ -302,7 +307,8 @@ def test_policy_loss_on_cupy_matches_numpy():
     kwargs = {"loss_type": "grpo", "beta": 0.04, "importance_sampling_level": "sequence",
               "importance_correction": "token_truncate"}
     args = [x.astype(np.float32) for x in (lp, old, adv, mask)]
-    loss, d, metrics = policy_loss(*args, cu, ref_logp=ref.astype(np.float32), behaviour_logp=behaviour, **kwargs)
+    loss, d, metrics = policy_loss(*args, cu, ref_logp=ref.astype(np.float32), behaviour_logp=behaviour,
+                                   **kwargs)
     gpu = [cp.asarray(x) for x in args]
     loss_g, d_g, metrics_g = policy_loss(*gpu, cp.asarray(cu), ref_logp=cp.asarray(ref, dtype=cp.float32),
                                          behaviour_logp=cp.asarray(behaviour), **kwargs)

@@ -68,7 +68,8 @@ def test_answers_match(predicted, reference, same):
 
 
 def test_math_accuracy_columns_and_chat():
-    completions = [r"so \boxed{4}", "Answer: 5", [{"role": "assistant", "content": r"\boxed{\frac{8}{2}}"}], "4"]
+    chat = [{"role": "assistant", "content": r"\boxed{\frac{8}{2}}"}]
+    completions = [r"so \boxed{4}", "Answer: 5", chat, "4"]
     assert math_accuracy(None, completions, answer=["4", "4", 4, None]) == [1.0, 0.0, 1.0, None]
     solutions = [r"2+2 = \boxed{4}", "... #### 5", "it is 4", r"\boxed{3}"]
     assert math_accuracy(None, completions, solution=solutions) == [1.0, 1.0, 1.0, 0.0]
@@ -157,7 +158,8 @@ def test_load_rewards_weights_kwargs_names(reward_file):
 
 
 def test_runner_weighted_sum_and_none(reward_file):
-    rewards = load_rewards([f"{reward_file}:first_char_is_digit", f"{reward_file}:only_for_math"], weights=[2, 3])
+    rewards = load_rewards([f"{reward_file}:first_char_is_digit", f"{reward_file}:only_for_math"],
+                           weights=[2, 3])
     completions = ["1", "a", "2", "b"]
     columns = {"task": ["math", "math", "code", "code"]}
     with RewardRunner(rewards, num_workers=0) as runner:
@@ -218,6 +220,12 @@ def test_workers_overlap_and_timeout(reward_file):
         assert time.monotonic() - start < 30
         runner.rewards = slow[:1]
         assert runner(["p"], ["1"]).total.tolist() == [1.0]  # the pool was restarted
+
+
+def test_in_process_timeout(reward_file):
+    runner = RewardRunner(load_rewards(f"{reward_file}:slow"), num_workers=0, timeout=0.5)
+    with runner, pytest.raises(RewardError, match="reward 'slow' timed out after 0.5s"):
+        runner(["p"], ["c"])
 
 
 def test_worker_error_is_named(reward_file):

@@ -48,7 +48,8 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{line_no}: malformed JSON line: {e.msg} (column {e.colno})") from None
+                message = f"{path}:{line_no}: malformed JSON line: {e.msg} (column {e.colno})"
+                raise DatasetError(message) from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)
@@ -88,7 +89,8 @@ def _read_datasets_folder(path: Path, split: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise DatasetError(f"{path}: a `datasets` folder needs the datasets library (pip install datasets)") from None
+        raise DatasetError(f"{path}: a `datasets` folder needs the datasets library (pip install datasets)") \
+            from None
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
@@ -107,9 +109,11 @@ def read_rows(path: str | Path, split: str = "train") -> list[dict]:
             return _read_datasets_folder(path, split)
         raise DatasetError(f"{path}: a folder must be written by datasets.save_to_disk")
     suffix = path.suffix.lower()
-    readers = {".jsonl": _read_jsonl, ".jsonlines": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+    readers = {".jsonl": _read_jsonl, ".jsonlines": _read_jsonl, ".json": _read_json,
+               ".parquet": _read_parquet}
     if suffix not in readers:
-        raise DatasetError(f"{path}: unknown format {suffix!r}; use .jsonl, .json, .parquet or a datasets folder")
+        raise DatasetError(f"{path}: unknown format {suffix!r}; use .jsonl, .json, .parquet or a datasets "
+                           "folder")
     return readers[suffix](path)
 
 
@@ -118,7 +122,8 @@ def _check_messages(messages, where: str, column: str) -> None:
         raise DatasetError(f"{where}: column {column!r} must be a non-empty list of messages")
     for j, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DatasetError(f"{where}: {column}[{j}] must be a dict with 'role' and 'content', got {m!r:.80}")
+            raise DatasetError(f"{where}: {column}[{j}] must be a dict with 'role' and 'content', "
+                               f"got {m!r:.80}")
 
 
 def is_conversational(value) -> bool:
@@ -152,10 +157,12 @@ def detect_format(rows: list[dict], task: str = "sft", text_field: str = "text")
     return "text" if text_field in columns else ""
 
 
-REQUIRED_COLUMNS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "prompt": ("prompt",)}
+REQUIRED_COLUMNS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"),
+                    "prompt": ("prompt",)}
 
 
-def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text", split: str = "train") -> Dataset:
+def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text",
+                 split: str = "train") -> Dataset:
     """Read and validate a dataset for `task` ("sft" or "grpo"); errors name the file, row and column."""
     rows = read_rows(path, split)
     if not rows:
@@ -172,7 +179,8 @@ def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text", 
             if column == "messages" or is_conversational(row[column]):
                 _check_messages(row[column], f"{path}: row {i}", column)
             elif not isinstance(row[column], str):
-                raise DatasetError(f"{path}: row {i}: column {column!r} must be a string or a list of messages")
+                raise DatasetError(f"{path}: row {i}: column {column!r} must be a string or a list of "
+                                   "messages")
     return Dataset(rows, fmt, str(path))
 
 
@@ -185,7 +193,8 @@ def train_eval_split(rows: Sequence, eval_fraction: float, seed: int) -> tuple[l
         raise DatasetError(f"eval split of {eval_fraction} leaves no training rows out of {len(rows)}")
     order = np.random.default_rng(seed).permutation(len(rows))
     held_out = set(order[:num_eval].tolist())
-    return ([r for i, r in enumerate(rows) if i not in held_out], [r for i, r in enumerate(rows) if i in held_out])
+    train = [r for i, r in enumerate(rows) if i not in held_out]
+    return train, [r for i, r in enumerate(rows) if i in held_out]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -215,7 +224,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def _chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
     if not messages:
         return []
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True))
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(ids)
 
 
 def _with_eos(tokenizer, ids: list[int]) -> list[int]:

@@ -65,7 +65,8 @@ def _reward_std(rewards, group_size: int, scale_rewards: str):
 def _grouped(rewards, group_size: int):
     if rewards.ndim != 1 or group_size < 1 or rewards.shape[0] % group_size:
         raise ValueError(
-            f"rewards must be (N,) with N a multiple of group_size={group_size}; got shape {tuple(rewards.shape)}"
+            f"rewards must be (N,) with N a multiple of group_size={group_size}; "
+            f"got shape {tuple(rewards.shape)}"
         )
     return rewards.astype(np.float64)
 
@@ -138,11 +139,13 @@ def _check_policy_args(logp, tensors: dict, loss_type, importance_sampling_level
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(
-            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}"
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+            f"got {importance_sampling_level!r}"
         )
     if importance_correction is not None and importance_correction not in IMPORTANCE_CORRECTIONS:
         raise ValueError(
-            f"importance_correction must be None or one of {IMPORTANCE_CORRECTIONS}, got {importance_correction!r}"
+            f"importance_correction must be None or one of {IMPORTANCE_CORRECTIONS}, "
+            f"got {importance_correction!r}"
         )
     if importance_correction is not None and tensors["behaviour_logp"] is None:
         raise ValueError(f"importance_correction={importance_correction!r} needs behaviour_logp")
@@ -169,7 +172,8 @@ def _importance_weights(xp, old, behaviour, m, seq_ids, num_seqs, correction: st
     diff = (old - behaviour) * m
     zero_above_cap = correction.endswith("_mask")
     if correction.startswith("sequence"):  # TRL sums (not averages): the product of the token ratios
-        seq_weights, over = _capped(xp, _segment_sum(xp, diff, seq_ids, num_seqs), math.log(cap), zero_above_cap)
+        seq_log_w = _segment_sum(xp, diff, seq_ids, num_seqs)
+        seq_weights, over = _capped(xp, seq_log_w, math.log(cap), zero_above_cap)
         weights, w, sel = seq_weights[seq_ids], seq_weights, _segment_sum(xp, m, seq_ids, num_seqs) > 0
     else:
         weights, over = _capped(xp, diff, math.log(cap), zero_above_cap)

@@ -34,10 +34,9 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import partial
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +56,8 @@ def completion_text(completion) -> str:
         return completion
     if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
         return str(completion[-1].get("content", ""))
-    raise TypeError(f"a completion must be a string or a list of message dicts, got {type(completion).__name__}")
+    raise TypeError(f"a completion must be a string or a list of message dicts, "
+                    f"got {type(completion).__name__}")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -157,7 +157,10 @@ def math_accuracy(prompts, completions, answer=None, solution=None, **_) -> list
     None for rows without a usable reference."""
     if answer is None and solution is None:
         raise ValueError("math_accuracy needs a dataset column 'answer' or 'solution'")
-    refs = [reference_answer(a) for a in answer] if answer is not None else [extract_answer(str(s)) for s in solution]
+    if answer is not None:
+        refs = [reference_answer(a) for a in answer]
+    else:
+        refs = [extract_answer(str(s)) for s in solution]
     return [
         None if ref is None else float(answers_match(extract_answer(completion_text(c)), ref))
         for c, ref in zip(completions, refs)
@@ -181,10 +184,12 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
         len(completion_text(c)) for c in completions
     ]
     soft_start = max_length - cache_length
-    return [0.0 if n <= soft_start else (soft_start - n) / cache_length if n <= max_length else -1.0 for n in lengths]
+    return [0.0 if n <= soft_start else (soft_start - n) / cache_length if n <= max_length else -1.0
+            for n in lengths]
 
 
-BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags, "length_penalty": length_penalty}
+BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
+                   "length_penalty": length_penalty}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -318,7 +323,8 @@ class RewardScores:
     total: np.ndarray
 
     def metrics(self) -> dict[str, float]:
-        out = {"reward": float(self.total.mean()), "reward_std": float(self.total.std())}
+        """Mean total reward and, per function, mean and std over the samples it applies to (TRL's names)."""
+        out = {"reward": float(self.total.mean())}
         for j, name in enumerate(self.names):
             column = self.per_function[:, j]
             applicable = column[~np.isnan(column)]
@@ -349,15 +355,15 @@ class PendingRewards:
         self._deadline = None if runner.timeout is None else time.monotonic() + runner.timeout
 
     def done(self) -> bool:
-        return all(h.ready() if hasattr(h, "ready") else h.done() for h in self._handles)
+        return all(h.ready() for h in self._handles)
 
     def result(self) -> RewardScores:
         outputs = []
         for reward, handle in zip(self._runner.rewards, self._handles):
             remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
             try:
-                status, value = handle.get(remaining) if hasattr(handle, "get") else handle.result(remaining)
-            except (multiprocessing.TimeoutError, FutureTimeout):
+                status, value = handle.get(remaining)
+            except multiprocessing.TimeoutError:
                 self._runner._kill_workers()
                 raise RewardError(f"reward {reward.name!r} timed out after {self._runner.timeout}s") from None
             if status == "error":
@@ -370,7 +376,8 @@ class RewardRunner:
     """Scores completions with several reward functions, in worker processes when num_workers > 0.
 
     `submit(prompts, completions, columns)` returns at once; call `.result()` on what it returns when
-    the scores are needed. Use as a context manager (or call `close()`) to stop the workers.
+    the scores are needed. Use as a context manager (or call `close()`) to stop the workers. Rewards given
+    as callables (not specs) must be importable module-level functions to run in worker processes.
     """
 
     def __init__(self, rewards: list[Reward], num_workers: int | None = None, timeout: float | None = None):
@@ -381,10 +388,8 @@ class RewardRunner:
 
     def _executor(self):
         if self._pool is None:
-            if self.num_workers > 0:
-                self._pool = multiprocessing.get_context("spawn").Pool(self.num_workers)
-            else:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="barerl-reward")
+            spawn = multiprocessing.get_context("spawn")
+            self._pool = spawn.Pool(self.num_workers) if self.num_workers > 0 else ThreadPool(1)
         return self._pool
 
     def submit(self, prompts: list, completions: list, columns: dict | None = None) -> PendingRewards:
@@ -393,25 +398,19 @@ class RewardRunner:
             if len(values) != len(prompts):
                 raise RewardError(f"column {key!r} has {len(values)} values for {len(prompts)} prompts")
         pool = self._executor()
-        args_list = [(r, prompts, completions, columns) for r in self.rewards]
-        if self.num_workers > 0:
-            handles = [pool.apply_async(_call_reward, args) for args in args_list]
-        else:
-            handles = [pool.submit(_call_reward, *args) for args in args_list]
+        handles = [pool.apply_async(_call_reward, (r, prompts, completions, columns)) for r in self.rewards]
         return PendingRewards(self, handles, prompts)
 
     def __call__(self, prompts: list, completions: list, columns: dict | None = None) -> RewardScores:
         return self.submit(prompts, completions, columns).result()
 
     def _kill_workers(self):
-        if self._pool is None:
-            return
-        if self.num_workers > 0:
+        """Worker processes are killed; a thread (num_workers=0) cannot be, and is left to finish."""
+        if self._pool is not None:
             self._pool.terminate()
-            self._pool.join()
-        else:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
+            if self.num_workers > 0:
+                self._pool.join()
+            self._pool = None
 
     def close(self):
         self._kill_workers()
