@@ -13,6 +13,7 @@ import pytest
 from barerl.train.losses import (
     group_advantages,
     logprob_mismatch,
+    per_token,
     policy_loss,
     sft_loss,
     zero_std_groups,
@@ -100,8 +101,15 @@ CU = np.array([0, 3, 5], dtype=np.int32)
 
 
 def _packed_inputs():
-    adv = np.array([ADV[0]] * 3 + [ADV[1]] * 2)
+    adv = per_token(np.array(ADV), CU)
     return _pack(LP), _pack(OLD), adv, _pack(MASK), CU
+
+
+def test_per_token():
+    assert per_token(np.array(ADV), CU).tolist() == [1.5, 1.5, 1.5, -0.7, -0.7]
+    assert per_token(np.array([1, 2, 3]), np.array([0, 2, 2, 3])).tolist() == [1, 1, 3]  # an empty sequence
+    with pytest.raises(ValueError, match=r"values must be \(S,\) = \(2,\)"):
+        per_token(np.zeros(3), CU)
 
 
 def test_policy_loss_hand_value_grpo():

@@ -302,6 +302,8 @@ class PackedBatch:
     input_ids (T,) int32; targets (T,) int32: the next token of the same sequence (0 at a sequence's last
     token); loss_mask (T,) float32: 1 where the target is trained on; positions (T,) int32: position in
     the sequence; cu_seqlens (S+1,) int32: sequence boundaries.
+    The model's per-token log-probs of `targets` line up with `loss_mask`, which is what `losses.sft_loss`
+    and `losses.policy_loss` take as mask. GRPO packs Example(prompt + completion, [0] * P + [1] * C).
     """
 
     input_ids: np.ndarray

@@ -112,6 +112,16 @@ def _sequence_ids(xp, cu_seqlens, num_tokens: int):
     return xp.searchsorted(cu[1:], xp.arange(num_tokens), side="right"), cu.shape[0] - 1
 
 
+def per_token(values, cu_seqlens):
+    """(S,) per-sequence values (e.g. advantages) -> (T,), each repeated over its sequence's tokens."""
+    xp = xp_of(values)
+    cu = xp.asarray(cu_seqlens)
+    seq_ids, num_seqs = _sequence_ids(xp, cu, int(cu[-1]))
+    if values.shape != (num_seqs,):
+        raise ValueError(f"values must be (S,) = ({num_seqs},) for cu_seqlens, got {tuple(values.shape)}")
+    return values[seq_ids]
+
+
 def _segment_sum(xp, values, seq_ids, num_seqs: int):
     return xp.bincount(seq_ids, weights=values, minlength=num_seqs).astype(values.dtype)
 
@@ -200,7 +210,7 @@ def _token_weights(xp, m, tokens_per_seq, seq_ids, num_seqs, loss_type, max_comp
         return m / (sequences * max_completion_length)
     if loss_type == "bnpo":
         return m / (xp.maximum(m.sum(), 1.0) * num_micro_batches)
-    normaliser = num_items_in_batch if num_items_in_batch is not None else xp.maximum(m.sum(), 1.0)
+    normaliser = max(num_items_in_batch, 1.0) if num_items_in_batch is not None else xp.maximum(m.sum(), 1.0)
     return m / normaliser  # dapo
 
 
