@@ -16,7 +16,13 @@ import pytest
 import safetensors.numpy
 
 from barerl.config import ConfigError, ModelConfig
-from barerl.model.checkpoint import CheckpointError, load_checkpoint, read_safetensors, save_checkpoint
+from barerl.model.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_safetensors,
+    save_checkpoint,
+    write_safetensors,
+)
 from barerl.model.info import describe
 
 torch = pytest.importorskip("torch")
@@ -352,6 +358,26 @@ def test_not_a_checkpoint_path(tmp_path):
     (tmp_path / "weights.txt").write_text("hi")
     with pytest.raises(CheckpointError, match=r"weights\.txt.*expected a model folder"):
         load_checkpoint(tmp_path / "weights.txt")
+
+
+def test_write_safetensors_is_standard(tmp_path):
+    """Our writer's files read back with the safetensors package itself; header padded to 8 bytes."""
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7),
+              "c": rng.standard_normal((2, 1, 3)).astype(np.float16), "empty": np.zeros((0, 4), np.float32)}
+    path = str(tmp_path / "x.safetensors")
+    write_safetensors(path, arrays.items(), metadata={"step": "3"})
+    back = safetensors.numpy.load_file(path)
+    assert set(back) == set(arrays)
+    for name, a in arrays.items():
+        assert back[name].dtype == a.dtype
+        np.testing.assert_array_equal(back[name], a)
+    with safetensors.safe_open(path, framework="numpy") as f:
+        assert f.metadata() == {"format": "pt", "step": "3"}
+    header_len = struct.unpack("<Q", (tmp_path / "x.safetensors").read_bytes()[:8])[0]
+    assert header_len % 8 == 0
+    with pytest.raises(ValueError, match=r"x\.safetensors: tensor 'i': cannot store int64"):
+        write_safetensors(path, [("i", np.arange(3))])
 
 
 def test_read_safetensors_is_memory_mapped(qwen3_folder):

@@ -134,7 +134,9 @@ def write_safetensors(path: str, tensors: Iterable[tuple[str, object]], dtype=No
     header: dict[str, object] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     pos = 0
     for name, a in tensors:
-        dt = resolve_dtype(dtype if dtype is not None else a.dtype)
+        dt = resolve_dtype(dtype) if dtype is not None else np.dtype(a.dtype)
+        if dt not in _NUMPY_TO_ST:
+            raise ValueError(f"{path}: tensor '{name}': cannot store {dt} (supported: {', '.join(_ST_TO_NUMPY)})")
         nbytes = math.prod(a.shape) * dt.itemsize
         header[name] = {"dtype": _NUMPY_TO_ST[dt], "shape": list(a.shape), "data_offsets": [pos, pos + nbytes]}
         pos += nbytes
