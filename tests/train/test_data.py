@@ -13,6 +13,7 @@ from barerl.train.data import (
     EpochSampler,
     Example,
     PackedBatch,
+    dataset_from_rows,
     encode_prompt,
     load_dataset,
     next_packed_batch,
@@ -149,6 +150,12 @@ def test_missing_columns_are_named(tmp_path):
     path = write_jsonl(tmp_path / "f.jsonl", [{"messages": [{"role": "user"}]}])
     with pytest.raises(DatasetError, match=r"f.jsonl: row 0: messages\[0\] must be a dict with 'role' and"):
         load_dataset(path)
+
+
+def test_in_memory_rows_are_validated_too():
+    assert dataset_from_rows([{"prompt": "p"}], "demo", task="grpo").format == "prompt"
+    with pytest.raises(DatasetError, match=r"demo: row 1 has no value in column 'text'"):
+        dataset_from_rows([{"text": "a"}, {"text": None}], "demo")
 
 
 def test_unknown_format_and_missing_file(tmp_path):

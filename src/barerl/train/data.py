@@ -164,24 +164,29 @@ REQUIRED_COLUMNS = {"messages": ("messages",), "prompt_completion": ("prompt", "
 def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text",
                  split: str = "train") -> Dataset:
     """Read and validate a dataset for `task` ("sft" or "grpo"); errors name the file, row and column."""
-    rows = read_rows(path, split)
+    return dataset_from_rows(read_rows(path, split), str(path), task, text_field)
+
+
+def dataset_from_rows(rows: list[dict], source: str = "rows", task: str = "sft",
+                      text_field: str = "text") -> Dataset:
+    """Validate in-memory rows as `load_dataset` validates a file's (`source` names them in errors)."""
     if not rows:
-        raise DatasetError(f"{path}: the dataset is empty")
+        raise DatasetError(f"{source}: the dataset is empty")
     fmt = detect_format(rows, task, text_field)
     if not fmt:
         wanted = "'prompt'" if task == "grpo" else f"'messages', 'prompt' + 'completion', or {text_field!r}"
-        raise DatasetError(f"{path}: missing column: {task} data needs {wanted}; found {sorted(rows[0])}")
+        raise DatasetError(f"{source}: missing column: {task} data needs {wanted}; found {sorted(rows[0])}")
     required = REQUIRED_COLUMNS.get(fmt, (text_field,))
     for i, row in enumerate(rows):
         for column in required:
             if row.get(column) is None:
-                raise DatasetError(f"{path}: row {i} has no value in column {column!r}")
+                raise DatasetError(f"{source}: row {i} has no value in column {column!r}")
             if column == "messages" or is_conversational(row[column]):
-                _check_messages(row[column], f"{path}: row {i}", column)
+                _check_messages(row[column], f"{source}: row {i}", column)
             elif not isinstance(row[column], str):
-                raise DatasetError(f"{path}: row {i}: column {column!r} must be a string or a list of "
+                raise DatasetError(f"{source}: row {i}: column {column!r} must be a string or a list of "
                                    "messages")
-    return Dataset(rows, fmt, str(path))
+    return Dataset(list(rows), fmt, source)
 
 
 def train_eval_split(rows: Sequence, eval_fraction: float, seed: int) -> tuple[list, list]:
