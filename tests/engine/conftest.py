@@ -54,15 +54,18 @@ class PagedMockModel:
 
 
 class CharTokenizer:
-    """Token i is the character VOCAB[i]; token 0 is the special "<eos>"."""
+    """Token i is the string VOCAB[i]: single characters and a few longer pieces; token 0 is "<eos>"."""
 
-    VOCAB = ["<eos>"] + list("abcdefghijklmnopqrstuvwxyz .,!?")
+    VOCAB = ("<eos>", *"abcdefghijklmnopqrstuvwxyz .,!?", "lo w", "orld")
 
     def __init__(self):
         self.eos_token_ids = [0]
 
     def encode(self, text, add_special_tokens=True):
         return [self.VOCAB.index(c) for c in text]
+
+    def ids(self, *pieces):
+        return [self.VOCAB.index(p) for p in pieces]
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join("" if (i == 0 and skip_special_tokens) else self.VOCAB[i] for i in ids)
@@ -71,6 +74,17 @@ class CharTokenizer:
 @pytest.fixture
 def char_tokenizer():
     return CharTokenizer()
+
+
+def scripted_model(tokenizer, pieces, prompt_len, **kwargs):
+    """A mock model whose greedy continuation of a prompt_len-token prompt is `pieces`, then <eos> forever."""
+    script_ids = tokenizer.ids(*pieces)
+
+    def script(history):
+        i = len(history) - prompt_len
+        return script_ids[i] if i < len(script_ids) else 0
+
+    return PagedMockModel(vocab_size=len(tokenizer.VOCAB), eos_token_id=0, script=script, **kwargs)
 
 
 def naive_generate(model, prompt, params, seed):
