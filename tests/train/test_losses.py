@@ -187,14 +187,14 @@ def test_truncated_and_masked_importance_sampling():
     for mode, w in [("token_truncate", tis_w), ("token_mask", mis_w), ("sequence_truncate", seq_tis),
                     ("sequence_mask", seq_mis)]:
         loss, _, metrics = policy_loss(lp, old, adv, mask, cu, loss_type="bnpo", behaviour_logp=behaviour,
-                                       importance_correction=mode, importance_cap=cap)
+                                       importance_sampling_mode=mode, importance_sampling_cap=cap)
         assert loss == pytest.approx(_trl_padded(LP, OLD, ADV, MASK, "bnpo", is_w=w), rel=1e-12), mode
     _, _, metrics = policy_loss(lp, old, adv, mask, cu, behaviour_logp=behaviour,
-                                importance_correction="token_mask")
+                                importance_sampling_mode="token_mask")
     assert metrics["is_weight/masked_fraction"] == pytest.approx(1 / 4)
     assert metrics["is_weight/max"] == pytest.approx(math.exp(1.0))
     _, _, metrics = policy_loss(lp, old, adv, mask, cu, behaviour_logp=behaviour,
-                                importance_correction="sequence_truncate")
+                                importance_sampling_mode="sequence_truncate")
     assert metrics["is_weight/truncated_fraction"] == pytest.approx(1 / 2)
     assert metrics["is_weight/min"] == pytest.approx(math.exp(0.9))
     assert metrics["is_weight/mean"] == pytest.approx((cap + math.exp(0.9)) / 2)
@@ -239,7 +239,7 @@ def test_policy_gradient_finite_differences(loss_type, level, correction):
     lp, old, adv, mask, cu, ref, behaviour = _random_batch(seed=len(loss_type) + 10 * len(level))
     kwargs = {"loss_type": loss_type, "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.05, "ref_logp": ref,
               "importance_sampling_level": level, "max_completion_length": 8, "behaviour_logp": behaviour,
-              "importance_correction": correction, "importance_cap": 1.5, "num_micro_batches": 2}
+              "importance_sampling_mode": correction, "importance_sampling_cap": 1.5, "num_micro_batches": 2}
     _, dlogp, metrics = policy_loss(lp, old, adv, mask, cu, **kwargs)
     numeric = _central_difference(lambda x: policy_loss(x, old, adv, mask, cu, **kwargs)[0], lp)
     err = np.abs(dlogp - numeric).max()
@@ -267,7 +267,7 @@ def test_policy_loss_errors():
     with pytest.raises(ValueError, match="loss_type"):
         policy_loss(lp, old, adv, mask, cu, loss_type="ppo")
     with pytest.raises(ValueError, match="behaviour_logp"):
-        policy_loss(lp, old, adv, mask, cu, importance_correction="token_truncate")
+        policy_loss(lp, old, adv, mask, cu, importance_sampling_mode="token_truncate")
     with pytest.raises(ValueError, match="cu_seqlens"):
         policy_loss(lp, old, adv, mask, np.array([0, 3, 4]))
     with pytest.raises(ValueError, match="advantages"):
@@ -313,7 +313,7 @@ def test_policy_loss_on_cupy_matches_numpy():
         pytest.skip("no CUDA device")
     lp, old, adv, mask, cu, ref, behaviour = _random_batch(seed=3)
     kwargs = {"loss_type": "grpo", "beta": 0.04, "importance_sampling_level": "sequence",
-              "importance_correction": "token_truncate"}
+              "importance_sampling_mode": "token_truncate"}
     args = [x.astype(np.float32) for x in (lp, old, adv, mask)]
     loss, d, metrics = policy_loss(*args, cu, ref_logp=ref.astype(np.float32), behaviour_logp=behaviour,
                                    **kwargs)

@@ -42,7 +42,7 @@ from barerl.backend.ref import xp_of
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-IMPORTANCE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ADVANTAGE_STD_EPS = 1e-4  # TRL: advantages / (std + 1e-4)
 ZERO_STD_ATOL = 1e-8  # TRL: torch.isclose(std, 0), i.e. |std| <= 1e-8
 
@@ -138,7 +138,7 @@ def _to_floats(xp, named: dict) -> dict:
 # Policy loss (GRPO family)
 
 
-def _check_policy_args(logp, tensors: dict, loss_type, importance_sampling_level, importance_correction,
+def _check_policy_args(logp, tensors: dict, loss_type, importance_sampling_level, importance_sampling_mode,
                        beta, max_completion_length):
     if logp.ndim != 1:
         raise ValueError(f"logp must be (T,), got shape {tuple(logp.shape)}")
@@ -152,13 +152,13 @@ def _check_policy_args(logp, tensors: dict, loss_type, importance_sampling_level
             f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
             f"got {importance_sampling_level!r}"
         )
-    if importance_correction is not None and importance_correction not in IMPORTANCE_CORRECTIONS:
+    if importance_sampling_mode is not None and importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
         raise ValueError(
-            f"importance_correction must be None or one of {IMPORTANCE_CORRECTIONS}, "
-            f"got {importance_correction!r}"
+            f"importance_sampling_mode must be None or one of {IMPORTANCE_SAMPLING_MODES}, "
+            f"got {importance_sampling_mode!r}"
         )
-    if importance_correction is not None and tensors["behaviour_logp"] is None:
-        raise ValueError(f"importance_correction={importance_correction!r} needs behaviour_logp")
+    if importance_sampling_mode is not None and tensors["behaviour_logp"] is None:
+        raise ValueError(f"importance_sampling_mode={importance_sampling_mode!r} needs behaviour_logp")
     if beta != 0.0 and tensors["ref_logp"] is None:
         raise ValueError(f"beta={beta} needs ref_logp (log-probs of the frozen reference model)")
     if loss_type == "dr_grpo" and not max_completion_length:
@@ -229,8 +229,8 @@ def policy_loss(
     importance_sampling_level: str = "token",
     max_completion_length: int | None = None,
     behaviour_logp=None,
-    importance_correction: str | None = None,
-    importance_cap: float = 3.0,
+    importance_sampling_mode: str | None = None,
+    importance_sampling_cap: float = 3.0,
     num_items_in_batch: float | None = None,
     num_sequences_in_batch: int | None = None,
     num_micro_batches: int = 1,
@@ -242,9 +242,9 @@ def policy_loss(
         trainer (TRL's old_per_token_logps); None means "same as logp" (num_iterations == 1): ratio 1.
     advantages (T,): each token's advantage (its sequence's, broadcast). mask (T,): 1 on loss tokens.
     cu_seqlens (S+1,): sequence boundaries. ref_logp (T,): frozen reference, needed when beta != 0.
-    behaviour_logp (T,): the engine's sampling log-probs; with `importance_correction` (one of
+    behaviour_logp (T,): the engine's sampling log-probs; with `importance_sampling_mode` (one of
         "token_truncate" (TIS), "token_mask", "sequence_truncate", "sequence_mask" (MIS)) the per-token
-        loss is weighted by exp(old - behaviour), capped at `importance_cap` or zeroed above it.
+        loss is weighted by exp(old - behaviour), capped at `importance_sampling_cap` or zeroed above it.
     epsilon_high defaults to epsilon (symmetric clip); DAPO's clip-higher sets it larger.
     Returns (loss: float, dlogp: (T,) array, metrics: dict of floats): clip_ratio/{low,high,region},
     kl (when ref_logp is given) and is_weight/* (when a correction is on).
@@ -252,7 +252,7 @@ def policy_loss(
     _check_policy_args(
         logp, {"old_logp": old_logp, "advantages": advantages, "mask": mask, "ref_logp": ref_logp,
                "behaviour_logp": behaviour_logp},
-        loss_type, importance_sampling_level, importance_correction, beta, max_completion_length,
+        loss_type, importance_sampling_level, importance_sampling_mode, beta, max_completion_length,
     )
     xp = xp_of(logp)
     dt = _compute_dtype(logp)
@@ -275,9 +275,10 @@ def policy_loss(
 
     metrics = {}
     is_weights = xp.ones_like(lp)
-    if importance_correction is not None:
+    if importance_sampling_mode is not None:
         is_weights, is_metrics = _importance_weights(
-            xp, old, behaviour_logp.astype(dt), m, seq_ids, num_seqs, importance_correction, importance_cap
+            xp, old, behaviour_logp.astype(dt), m, seq_ids, num_seqs, importance_sampling_mode,
+            importance_sampling_cap,
         )
         metrics.update(is_metrics)
     per_token = surrogate * is_weights
