@@ -2,11 +2,12 @@
 
 Runs without a GPU (nvcc only), so a syntax error in a .cu file cannot land. Skipped where nvcc is absent.
 sm_90 builds every storage dtype; sm_80 builds bf16 only (enough to catch Hopper-only code), compiles run
-in parallel to keep CI short.
+in parallel to keep CI short. A source limited to some dtypes says so in a line `// Dtypes: <names>`.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,8 @@ DTYPES = ["__nv_bfloat16", "__half", "float"]
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("cu_file", SOURCES)
 def test_compiles(cu_file: str, arch: int) -> None:
-    dtypes = DTYPES if arch == 90 else DTYPES[:1]
+    declared = re.search(r"^// Dtypes: (.+)$", (CSRC / cu_file).read_text(), re.MULTILINE)
+    dtypes = declared.group(1).split() if declared else DTYPES
+    dtypes = dtypes if arch == 90 else dtypes[:1]
     with ThreadPoolExecutor(len(dtypes)) as pool:
         list(pool.map(lambda dtype: nvcc_compile_check(cu_file, arch, {"DTYPE": dtype}), dtypes))

@@ -1,0 +1,160 @@
+"""Per-kernel micro-benchmarks of the CUDA backend against the GPU's measured ceilings.
+
+Measures the two ceilings first (a large device-to-device copy, counting bytes read + written; a bf16
+8192^3 cuBLAS product), then times each op at the shapes of the T1 workload (Qwen3-0.6B, one micro-batch of
+16 x 1152 tokens) with CUDA events (median of repeats after warm-up, fresh random inputs, never zeros), and
+prints achieved GB/s or TFLOP/s and the fraction of the ceiling. Bytes counted are the fewest each op must
+move (inputs read once, outputs written once); FLOPs are the useful ones (causal attention: half the square).
+
+usage: PYTHONPATH=src python bench/bench_kernels.py [--csv out.csv] [--only substring]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+T, C, I, V = 16 * 1152, 1024, 3072, 151936  # tokens of one micro-batch, hidden, intermediate, vocab
+H, K, D = 16, 8, 128
+
+
+def timed(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of fn() measured with CUDA events."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def rand(shape, dtype=BF16, scale=1.0):
+    import cupy
+
+    x = cupy.random.standard_normal(shape, dtype=np.float32) * scale
+    return x.astype(dtype)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy GB/s counting read + write, bf16 GEMM TFLOP/s), measured now."""
+    import cupy
+
+    from barerl.kernels.cublas import gemm
+
+    src = cupy.random.standard_normal(512 << 20 >> 2, dtype=np.float32)  # 512 MiB, far past L2
+    dst = cupy.empty_like(src)
+    ms = timed(lambda: dst.__setitem__(Ellipsis, src))
+    copy_gbs = 2 * src.nbytes / ms / 1e6
+    n = 8192
+    a, b, c = rand((n, n)), rand((n, n)), cupy.empty((n, n), BF16)
+    ms = timed(lambda: gemm(a, b, c), reps=10)
+    return copy_gbs, 2 * n**3 / ms / 1e9
+
+
+def cases():
+    """(name, shape text, fn, bytes moved, FLOPs) of each op at T1 shapes."""
+    import cupy
+
+    from barerl.backend import cuda
+
+    x, w_norm = rand((T, C)), rand((C,))
+    y, rstd = cuda.rmsnorm(x, w_norm, 1e-6)
+    dw_norm = cupy.zeros(C, np.float32)
+    yield "rmsnorm", f"{T}x{C}", lambda: cuda.rmsnorm(x, w_norm, 1e-6), 2 * x.nbytes + 4 * T, 0
+    yield "rmsnorm_backward", f"{T}x{C}", lambda: cuda.rmsnorm_backward(y, x, w_norm, rstd, dw_norm), 3 * x.nbytes, 0
+
+    w_up = rand((2 * I, C), scale=C**-0.5)
+    dw_up = cupy.zeros((2 * I, C), np.float32)
+    gate_up = rand((T, 2 * I))
+    yield "linear", f"{T}x{C} @ {C}x{2 * I}", lambda: cuda.linear(x, w_up), 0, 2 * T * C * 2 * I
+    yield ("linear_backward", f"{T}x{2 * I} -> dx, dw fp32", lambda: cuda.linear_backward(gate_up, x, w_up, dw_up),
+           0, 4 * T * C * 2 * I)
+
+    a = cuda.swiglu(gate_up)
+    yield "swiglu", f"{T}x{2 * I}", lambda: cuda.swiglu(gate_up), gate_up.nbytes + a.nbytes, 0
+    yield "swiglu_backward", f"{T}x{2 * I}", lambda: cuda.swiglu_backward(a, gate_up), 2 * gate_up.nbytes + a.nbytes, 0
+
+    qkv = rand((T, (H + 2 * K) * D))
+    positions = cupy.tile(cupy.arange(1152, dtype=np.int32), T // 1152)
+    angles = cupy.arange(2048, dtype=np.float32)[:, None] * cupy.ones(D // 2, np.float32)[None, :] * 1e-3
+    cos, sin = cupy.cos(angles), cupy.sin(angles)
+    qn, kn = rand((D,)), rand((D,))
+    out, q_rstd, k_rstd = cuda.qk_norm_rope(qkv, positions, cos, sin, H, K, qn, kn)
+    dqn, dkn = cupy.zeros(D, np.float32), cupy.zeros(D, np.float32)
+    yield ("qk_norm_rope", f"{T}x{(H + 2 * K) * D}", lambda: cuda.qk_norm_rope(qkv, positions, cos, sin, H, K, qn, kn),
+           2 * qkv.nbytes, 0)
+    yield ("qk_norm_rope_backward", f"{T}x{(H + 2 * K) * D}",
+           lambda: cuda.qk_norm_rope_backward(out, qkv, positions, cos, sin, H, K, qn, kn, q_rstd, k_rstd, dqn, dkn),
+           3 * qkv.nbytes, 0)
+
+    ids = cupy.random.randint(0, V, T).astype(np.int32)
+    table = rand((V, C))
+    dtable = cupy.zeros((V, C), np.float32)
+    yield "embedding", f"{T} of {V}x{C}", lambda: cuda.embedding(ids, table), 2 * x.nbytes, 0
+    yield "embedding_backward", f"{T} into {V}x{C} fp32", lambda: cuda.embedding_backward(x, ids, dtable), \
+        x.nbytes + 2 * T * C * 4, 0
+
+    rows = 4096
+    h = rand((rows, C))
+    w_head = rand((V, C), scale=C**-0.5)
+    targets = cupy.random.randint(0, V, rows).astype(np.int32)
+    _, lse, _ = cuda.lm_head_logprobs(h, w_head, targets)
+    dlogprobs = rand((rows,), np.float32)
+    yield "lm_head_logprobs", f"{rows}x{C} @ {C}x{V}", lambda: cuda.lm_head_logprobs(h, w_head, targets), 0, \
+        2 * rows * C * V
+    yield "lm_head_backward", f"{rows}x{C} @ {C}x{V}", \
+        lambda: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable), 0, 6 * rows * C * V
+
+    cu = cupy.arange(0, T + 1, 1152, dtype=np.int32)
+    q = qkv[:, : H * D].reshape(T, H, D)
+    k = qkv[:, H * D : (H + K) * D].reshape(T, K, D)
+    v = qkv[:, (H + K) * D :].reshape(T, K, D)
+    o, lse_attn = cuda.attention(q, k, v, cu, D**-0.5)
+    attn_flops = 4 * (T // 1152) * (1152 * 1152 / 2) * D * H
+    yield "attention", f"16 x 1152, H{H} K{K} D{D}", lambda: cuda.attention(q, k, v, cu, D**-0.5), 0, attn_flops
+    yield "attention_backward", f"16 x 1152, H{H} K{K} D{D}", \
+        lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), 0, 2.5 * attn_flops
+
+
+def main() -> None:
+    import cupy
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", help="also write the table to this CSV file")
+    parser.add_argument("--only", default="", help="only ops whose name contains this")
+    args = parser.parse_args()
+    copy_gbs, gemm_tflops = ceilings()
+    print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: copy {copy_gbs:.0f} GB/s, "
+          f"bf16 GEMM 8192^3 {gemm_tflops:.0f} TFLOP/s")
+    rows = []
+    for name, shape, fn, nbytes, flops in cases():
+        if args.only not in name:
+            continue
+        ms = timed(fn)
+        if flops:
+            rate, unit, frac = flops / ms / 1e9, "TFLOP/s", flops / ms / 1e9 / gemm_tflops
+        else:
+            rate, unit, frac = nbytes / ms / 1e6, "GB/s", nbytes / ms / 1e6 / copy_gbs
+        rows.append((name, shape, f"{ms:.3f}", f"{rate:.1f}", unit, f"{100 * frac:.0f}%"))
+    header = ("op", "shape", "ms", "rate", "unit", "of ceiling")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows])
+
+
+if __name__ == "__main__":
+    main()

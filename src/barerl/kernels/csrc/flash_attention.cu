@@ -1,0 +1,382 @@
+// FlashAttention-2 for packed causal variable-length sequences with grouped-query heads (bf16/fp16 only).
+// Dtypes: __nv_bfloat16 __half
+//
+// Math:    per sequence, head h (kv head h / (H / K)): S = Q K^T * scale, causal; P = softmax(S);  O = P V;
+//          lse = log sum exp(S) per row (natural log).  Backward (FA2): with delta = rowsum(dO * O),
+//          P = exp(S - lse); dV = P^T dO; dP = dO V^T; dS = P * (dP - delta); dQ = dS K * scale; dK = dS^T Q * scale.
+// Shapes:  q (T, H, D), k and v (T, K, D): rows (tokens) may be strided (views of a fused qkv; stride a multiple
+//          of 8 elements), heads and dims dense; o, dout (T, H, D) dense; lse, delta (H, T) fp32;
+//          dq_accum (T, H, D) fp32, zeroed by the caller, filled with atomicAdd; dk, dv (T, K, D) dense.
+//          cu_seqlens (S + 1,) int32. D = HEAD_DIM (64 or 128, compile-time).
+// Launch:  forward: grid (tiles, H) with tiles >= sum_s ceil(L_s / 64) (the launcher uses ceil(T / 64) + S);
+//          block b finds its (sequence, q tile) by walking cu_seqlens; 4 warps, each owns 16 query rows;
+//          K/V tiles of 64 keys double-buffered in shared memory by cp.async; online softmax in base 2.
+//          backward: grid (key tiles, K) likewise with 64-key tiles; each warp owns 16 keys; the block loops
+//          over the group's query heads and over the 32-query tiles that can see its keys, keeping dK, dV in
+//          registers (no atomics) and adding dQ with fp32 atomics. Dynamic shared memory (> 48 KiB).
+// Accumulation: all products in fp32 (mma.sync m16n8k16), P and dS rounded to DTYPE as mma operands.
+#include "mma.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+constexpr int D = HEAD_DIM;
+constexpr int LD = D + 8;  // shared-memory row pitch in elements: 16 bytes of padding keeps ldmatrix conflict-free
+constexpr int THREADS = 128;
+constexpr int FWD_BM = 64, FWD_BN = 64;  // forward: query rows and keys per tile
+constexpr int BWD_BN = 64, BWD_BM = 32;  // backward: keys per block, queries per step
+constexpr int LDS = BWD_BM + 8;          // pitch of the dS^T tile
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// Block -> (sequence start, length, tile index) for tiles of `tile` rows; false when past the last tile.
+__device__ __forceinline__ bool find_tile(const int* cu_seqlens, int num_seqs, int tile, int block, int& start,
+                                          int& len, int& index) {
+    int seen = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+        start = cu_seqlens[s];
+        len = cu_seqlens[s + 1] - start;
+        const int n = (len + tile - 1) / tile;
+        if (block < seen + n) {
+            index = block - seen;
+            return true;
+        }
+        seen += n;
+    }
+    return false;
+}
+
+// ROWS x D tile of rows row0.. (sequence-local) of a strided matrix into shared memory; rows >= len are zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(scalar_t* dst, const scalar_t* base, long long stride, int row0, int len) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        const bool valid = row0 + r < len;
+        cp_async16(dst + r * LD + col, base + (valid ? (long long)(row0 + r) * stride : 0) + col, valid ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
+    scalar_t* __restrict__ o, float* __restrict__ lse, const scalar_t* __restrict__ q,
+    const scalar_t* __restrict__ k, const scalar_t* __restrict__ v, const int* __restrict__ cu_seqlens,
+    int num_seqs, int num_heads, int num_kv_heads, long long q_stride, long long k_stride, long long v_stride,
+    int tokens, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+    scalar_t* sK = sQ + FWD_BM * LD;      // 2 stages
+    scalar_t* sV = sK + 2 * FWD_BN * LD;  // 2 stages
+    int start, len, tile;
+    if (!find_tile(cu_seqlens, num_seqs, FWD_BM, blockIdx.x, start, len, tile)) return;
+    tile = (len + FWD_BM - 1) / FWD_BM - 1 - tile;  // the longest rows of each sequence start first
+    const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+    const int q0 = tile * FWD_BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const scalar_t* qb = q + (long long)start * q_stride + h * D;
+    const scalar_t* kb = k + (long long)start * k_stride + kvh * D;
+    const scalar_t* vb = v + (long long)start * v_stride + kvh * D;
+    const int num_tiles = (min(len, q0 + FWD_BM) + FWD_BN - 1) / FWD_BN;
+
+    load_tile<FWD_BM>(sQ, qb, q_stride, q0, len);
+    load_tile<FWD_BN>(sK, kb, k_stride, 0, len);
+    load_tile<FWD_BN>(sV, vb, v_stride, 0, len);
+    cp_async_commit();
+
+    unsigned qf[D / 16][4];
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+    const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a and row_a + 8
+
+    for (int j = 0; j < num_tiles; ++j) {
+        const int stage = j & 1;
+        if (j + 1 < num_tiles) {
+            load_tile<FWD_BN>(sK + (stage ^ 1) * FWD_BN * LD, kb, k_stride, (j + 1) * FWD_BN, len);
+            load_tile<FWD_BN>(sV + (stage ^ 1) * FWD_BN * LD, vb, v_stride, (j + 1) * FWD_BN, len);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+        }
+        const scalar_t* sKs = sK + stage * FWD_BN * LD;
+        const scalar_t* sVs = sV + stage * FWD_BN * LD;
+        float s[FWD_BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < FWD_BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int p = 0; p < FWD_BN / 16; ++p) {
+                unsigned b[4];
+                ldmatrix_x4(b, sKs + (p * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                mma(s[2 * p], qf[kk], b, scalar_t());
+                mma(s[2 * p + 1], qf[kk], b + 2, scalar_t());
+            }
+        }
+        const int kv0 = j * FWD_BN;
+        const bool masked = kv0 + FWD_BN - 1 > q0 || kv0 + FWD_BN > len;
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[nt][e] * scale_log2;
+                if (masked) {
+                    const int key = kv0 + nt * 8 + 2 * t + (e & 1);
+                    if (key > row_a + 8 * (e >> 1) || key >= len) x = NEG_INF;
+                }
+                s[nt][e] = x;
+                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+            }
+        }
+        float rescale[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+            const float m_new = fmaxf(row_max[r], tile_max[r]);
+            const float m_use = m_new == NEG_INF ? 0.0f : m_new;
+            rescale[r] = exp2f(row_max[r] - m_use);
+            row_max[r] = m_new;
+            row_sum[r] *= rescale[r];
+            tile_max[r] = m_use;
+        }
+#pragma unroll
+        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[nt][e] = exp2f(s[nt][e] - tile_max[e >> 1]);
+                row_sum[e >> 1] += s[nt][e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            acc[i][0] *= rescale[0];
+            acc[i][1] *= rescale[0];
+            acc[i][2] *= rescale[1];
+            acc[i][3] *= rescale[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < FWD_BN / 16; ++kk) {
+            const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1], scalar_t()),
+                                   pack2(s[2 * kk][2], s[2 * kk][3], scalar_t()),
+                                   pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], scalar_t()),
+                                   pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], scalar_t())};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, sVs + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dp * 16 + 8 * (lane >> 4));
+                mma(acc[2 * dp], a, b, scalar_t());
+                mma(acc[2 * dp + 1], a, b + 2, scalar_t());
+            }
+        }
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+        const int row = row_a + 8 * r;
+        if (row >= len) continue;
+        const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+        scalar_t* orow = o + ((long long)(start + row) * num_heads + h) * D;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
+                pack2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv, scalar_t());
+        }
+        if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[r] + log2f(row_sum[r])) * LN2;
+    }
+}
+
+// delta[h, t] = sum_d dout[t, h, d] * o[t, h, d]: one warp per (token, head) row, 4 warps per block.
+extern "C" __global__ void attention_delta(float* __restrict__ delta, const scalar_t* __restrict__ dout,
+                                           const scalar_t* __restrict__ o, int tokens, int num_heads) {
+    const int lane = threadIdx.x & 31;
+    for (long long row = blockIdx.x * 4LL + (threadIdx.x >> 5); row < (long long)tokens * num_heads;
+         row += gridDim.x * 4LL) {
+        float sum = 0.0f;
+        for (int c = lane * VEC; c < D; c += 32 * VEC) {
+            float a[VEC], b[VEC];
+            load_vec(dout + row * D + c, a);
+            load_vec(o + row * D + c, b);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) sum += a[i] * b[i];
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) delta[(row % num_heads) * tokens + row / num_heads] = sum;
+    }
+}
+
+// out[i] = in[i] rounded to DTYPE (dq_accum -> dq).
+extern "C" __global__ void round_to_dtype(scalar_t* __restrict__ out, const float* __restrict__ in, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = from_float<scalar_t>(in[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
+    float* __restrict__ dq_accum, scalar_t* __restrict__ dk, scalar_t* __restrict__ dv,
+    const scalar_t* __restrict__ q, const scalar_t* __restrict__ k, const scalar_t* __restrict__ v,
+    const scalar_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    const int* __restrict__ cu_seqlens, int num_seqs, int num_heads, int num_kv_heads, long long q_stride,
+    long long k_stride, long long v_stride, int tokens, float scale, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
+    scalar_t* sV = sK + BWD_BN * LD;
+    scalar_t* sQ = sV + BWD_BN * LD;
+    scalar_t* sdO = sQ + BWD_BM * LD;
+    scalar_t* sdS = sdO + BWD_BM * LD;  // dS^T: (keys, queries)
+    float* sLse = reinterpret_cast<float*>(sdS + BWD_BN * LDS);
+    float* sDelta = sLse + BWD_BM;
+    int start, len, tile;
+    if (!find_tile(cu_seqlens, num_seqs, BWD_BN, blockIdx.x, start, len, tile)) return;
+    const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
+    const int k0 = tile * BWD_BN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    load_tile<BWD_BN>(sK, k + (long long)start * k_stride + kvh * D, k_stride, k0, len);
+    load_tile<BWD_BN>(sV, v + (long long)start * v_stride + kvh * D, v_stride, k0, len);
+    cp_async_commit();
+
+    float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+    const int key_a = k0 + warp * 16 + g;  // this thread's two keys: key_a and key_a + 8
+    const int first_tile = k0 / BWD_BM, num_q_tiles = (len + BWD_BM - 1) / BWD_BM;
+    const unsigned a_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
+
+    for (int hh = 0; hh < group; ++hh) {
+        const int h = kvh * group + hh;
+        const scalar_t* qb = q + (long long)start * q_stride + h * D;
+        const scalar_t* dob = dout + ((long long)start * num_heads + h) * D;
+        for (int qt = first_tile; qt < num_q_tiles; ++qt) {
+            const int qs = qt * BWD_BM;
+            load_tile<BWD_BM>(sQ, qb, q_stride, qs, len);
+            load_tile<BWD_BM>(sdO, dob, (long long)num_heads * D, qs, len);
+            cp_async_commit();
+            if (threadIdx.x < BWD_BM) {
+                const int qq = qs + threadIdx.x;
+                const long long i = (long long)h * tokens + start + qq;
+                sLse[threadIdx.x] = qq < len ? lse[i] * LOG2E : __int_as_float(0x7f800000);  // +inf: P = 0
+                sDelta[threadIdx.x] = qq < len ? delta[i] : 0.0f;
+            }
+            cp_async_wait<0>();
+            __syncthreads();
+
+            // S^T = K Q^T, then P^T (16 keys of this warp x BWD_BM queries)
+            float p[BWD_BM / 8][4], dp[BWD_BM / 8][4];
+#pragma unroll
+            for (int i = 0; i < BWD_BM / 8; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p[i][e] = dp[i][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                unsigned a[4], av[4];
+                ldmatrix_x4(a, sK + a_row * LD + kk * 16 + a_col);
+                ldmatrix_x4(av, sV + a_row * LD + kk * 16 + a_col);
+#pragma unroll
+                for (int n = 0; n < BWD_BM / 16; ++n) {
+                    unsigned b[4];
+                    ldmatrix_x4(b, sQ + (n * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                    mma(p[2 * n], a, b, scalar_t());
+                    mma(p[2 * n + 1], a, b + 2, scalar_t());
+                    ldmatrix_x4(b, sdO + (n * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                    mma(dp[2 * n], av, b, scalar_t());  // dP^T = V dO^T
+                    mma(dp[2 * n + 1], av, b + 2, scalar_t());
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < BWD_BM / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = nt * 8 + 2 * t + (e & 1);
+                    const int key = key_a + 8 * (e >> 1);
+                    const bool visible = qs + col >= key && key < len;
+                    const float pv = visible ? exp2f(p[nt][e] * scale_log2 - sLse[col]) : 0.0f;
+                    p[nt][e] = pv;
+                    dp[nt][e] = pv * (dp[nt][e] - sDelta[col]);  // dS^T (scale applied at the end)
+                }
+            }
+            // dV += P^T dO;  dK += dS^T Q
+#pragma unroll
+            for (int kk = 0; kk < BWD_BM / 16; ++kk) {
+                const unsigned ap[4] = {pack2(p[2 * kk][0], p[2 * kk][1], scalar_t()),
+                                        pack2(p[2 * kk][2], p[2 * kk][3], scalar_t()),
+                                        pack2(p[2 * kk + 1][0], p[2 * kk + 1][1], scalar_t()),
+                                        pack2(p[2 * kk + 1][2], p[2 * kk + 1][3], scalar_t())};
+                const unsigned as[4] = {pack2(dp[2 * kk][0], dp[2 * kk][1], scalar_t()),
+                                        pack2(dp[2 * kk][2], dp[2 * kk][3], scalar_t()),
+                                        pack2(dp[2 * kk + 1][0], dp[2 * kk + 1][1], scalar_t()),
+                                        pack2(dp[2 * kk + 1][2], dp[2 * kk + 1][3], scalar_t())};
+#pragma unroll
+                for (int n = 0; n < D / 16; ++n) {
+                    unsigned b[4];
+                    const int off = (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + n * 16 + 8 * (lane >> 4);
+                    ldmatrix_x4_trans(b, sdO + off);
+                    mma(dv_acc[2 * n], ap, b, scalar_t());
+                    mma(dv_acc[2 * n + 1], ap, b + 2, scalar_t());
+                    ldmatrix_x4_trans(b, sQ + off);
+                    mma(dk_acc[2 * n], as, b, scalar_t());
+                    mma(dk_acc[2 * n + 1], as, b + 2, scalar_t());
+                }
+                // dS^T rows of this warp into shared memory for the dQ product
+                const int key_row = warp * 16 + g;
+                *reinterpret_cast<unsigned*>(sdS + key_row * LDS + kk * 16 + 2 * t) = as[0];
+                *reinterpret_cast<unsigned*>(sdS + (key_row + 8) * LDS + kk * 16 + 2 * t) = as[1];
+                *reinterpret_cast<unsigned*>(sdS + key_row * LDS + kk * 16 + 8 + 2 * t) = as[2];
+                *reinterpret_cast<unsigned*>(sdS + (key_row + 8) * LDS + kk * 16 + 8 + 2 * t) = as[3];
+            }
+            __syncthreads();
+
+            // dQ (BWD_BM x D) += dS K * scale: warp w takes queries (w % 2) * 16.. and dims (w / 2) * D / 2..
+            const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * (D / 2);
+            float dq[D / 16][4];
+#pragma unroll
+            for (int i = 0; i < D / 16; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < BWD_BN / 16; ++kk) {
+                unsigned a[4];
+                ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + 8 * (lane >> 4)) * LDS + qrow0 + 8 * ((lane >> 3) & 1));
+#pragma unroll
+                for (int n = 0; n < D / 32; ++n) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dcol0 + n * 16 + 8 * (lane >> 4));
+                    mma(dq[2 * n], a, b, scalar_t());
+                    mma(dq[2 * n + 1], a, b + 2, scalar_t());
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int qq = qs + qrow0 + g + 8 * r;
+                if (qq >= len) continue;
+                float* dst = dq_accum + ((long long)(start + qq) * num_heads + h) * D + dcol0 + 2 * t;
+#pragma unroll
+                for (int nt = 0; nt < D / 16; ++nt) {
+                    atomicAdd(dst + nt * 8, dq[nt][2 * r] * scale);
+                    atomicAdd(dst + nt * 8 + 1, dq[nt][2 * r + 1] * scale);
+                }
+            }
+            __syncthreads();  // sQ, sdO, sdS are refilled next
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key_a + 8 * r;
+        if (key >= len) continue;
+        const long long row = ((long long)(start + key) * num_kv_heads + kvh) * D + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            *reinterpret_cast<unsigned*>(dk + row + nt * 8) =
+                pack2(dk_acc[nt][2 * r] * scale, dk_acc[nt][2 * r + 1] * scale, scalar_t());
+            *reinterpret_cast<unsigned*>(dv + row + nt * 8) = pack2(dv_acc[nt][2 * r], dv_acc[nt][2 * r + 1], scalar_t());
+        }
+    }
+}

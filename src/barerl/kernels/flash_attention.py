@@ -1,0 +1,98 @@
+"""FlashAttention-2 launchers (csrc/flash_attention.cu): packed causal varlen attention with GQA.
+
+Compiled per (dtype, head_dim). bf16/fp16 run the tensor-core kernels; fp32 inputs (tests, debugging) run
+the reference op on the same CuPy arrays, since mma.sync has no fp32 operands. q, k, v may be row-strided
+views of a fused qkv buffer (no copies); o and the gradients are dense. The backward adds dQ with fp32
+atomics into a zeroed scratch, then rounds it to the input dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from barerl.backend.ref import nn as ref
+from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
+
+_THREADS = 128
+_FWD_BM, _FWD_BN, _BWD_BN, _BWD_BM = 64, 64, 64, 32
+_LOG2E = 1.4426950408889634
+
+
+def _rows(x, name: str):
+    """x (T, heads, D) with dense heads and dims and 16-byte-aligned rows: x itself, else a dense copy."""
+    item = x.dtype.itemsize
+    D = x.shape[2]
+    dense = x.strides[2] == item and x.strides[1] == D * item and (x.strides[0] // item) % 8 == 0
+    require(x.ndim == 3, f"attention: {name} must be (T, heads, head_dim), got {x.shape}")
+    return x if dense else contiguous(x)
+
+
+def _setup(q, k, v, cu_seqlens, kernel_name: str):
+    T, H, D = q.shape
+    K = k.shape[1]
+    require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
+    require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
+    require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
+    kernel = load_kernel("flash_attention.cu", kernel_name, {"DTYPE": ctype(q.dtype), "HEAD_DIM": D})
+    cu = contiguous(cu_seqlens.astype(np.int32, copy=False))
+    return kernel, cu, cu.shape[0] - 1
+
+
+def _strides(*arrays):
+    return tuple(np.int64(a.strides[0] // a.dtype.itemsize) for a in arrays)
+
+
+def _smem(kernel, nbytes: int) -> int:
+    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, nbytes)
+    return nbytes
+
+
+def attention(q, k, v, cu_seqlens, scale):
+    """Causal softmax(q k^T * scale) v within each sequence: o (T, H, D) in q's dtype, lse (H, T) fp32."""
+    import cupy
+
+    if q.dtype == np.float32:
+        return ref.attention(q, k, v, cu_seqlens, scale)
+    q, k, v = _rows(q, "q"), _rows(k.astype(q.dtype, copy=False), "k"), _rows(v.astype(q.dtype, copy=False), "v")
+    T, H, D = q.shape
+    kernel, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_forward")
+    o = cupy.empty((T, H, D), q.dtype)
+    lse = cupy.empty((H, T), np.float32)
+    if T:
+        smem = _smem(kernel, (_FWD_BM + 4 * _FWD_BN) * (D + 8) * q.dtype.itemsize)
+        kernel((-(-T // _FWD_BM) + num_seqs, H), (_THREADS,),
+               (o, lse, q, k, v, cu, np.int32(num_seqs), np.int32(H), np.int32(k.shape[1]), *_strides(q, k, v),
+                np.int32(T), np.float32(scale * _LOG2E)), shared_mem=smem)
+    return o, lse
+
+
+def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
+    """Gradient of `attention`, recomputing the probabilities from lse. Returns dq, dk, dv."""
+    import cupy
+
+    if q.dtype == np.float32:
+        return ref.attention_backward(do, q, k, v, o, lse, cu_seqlens, scale)
+    q, k, v = _rows(q, "q"), _rows(k.astype(q.dtype, copy=False), "k"), _rows(v.astype(q.dtype, copy=False), "v")
+    do, o = contiguous(do.astype(q.dtype, copy=False)), contiguous(o.astype(q.dtype, copy=False))
+    T, H, D = q.shape
+    K = k.shape[1]
+    kernel, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_backward")
+    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D}
+    dq_accum = cupy.zeros((T, H, D), np.float32)
+    dq = cupy.empty((T, H, D), q.dtype)
+    dk = cupy.empty((T, K, D), q.dtype)
+    dv = cupy.empty((T, K, D), q.dtype)
+    if not T:
+        return dq, dk, dv
+    delta = cupy.empty((H, T), np.float32)
+    load_kernel("flash_attention.cu", "attention_delta", defines)(
+        (max(1, min(-(-T * H // 4), multiprocessors() * 16)),), (_THREADS,), (delta, do, o, np.int32(T), np.int32(H)))
+    item = q.dtype.itemsize
+    smem = _smem(kernel, (2 * _BWD_BN + 2 * _BWD_BM) * (D + 8) * item + _BWD_BN * (_BWD_BM + 8) * item + 2 * _BWD_BM * 4)
+    kernel((-(-T // _BWD_BN) + num_seqs, K), (_THREADS,),
+           (dq_accum, dk, dv, q, k, v, do, contiguous(lse), delta, cu, np.int32(num_seqs), np.int32(H), np.int32(K),
+            *_strides(q, k, v), np.int32(T), np.float32(scale), np.float32(scale * _LOG2E)), shared_mem=smem)
+    load_kernel("flash_attention.cu", "round_to_dtype", defines)(
+        (num_blocks(dq.size, 256),), (256,), (dq, dq_accum, np.int64(dq.size)))
+    return dq, dk, dv
