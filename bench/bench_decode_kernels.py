@@ -20,11 +20,36 @@ H, K, D, BLOCK = 16, 8, 128, 16
 VOCAB = 151936
 
 
-def gpu_ms(fn, args=(), repeat: int = 50) -> float:
-    """Median GPU time of fn(*args) in ms (CUDA events around each call, after warm-up)."""
-    from cupyx.profiler import benchmark
+def gpu_ms(fn, args=(), calls: int = 10, repeat: int = 20) -> float:
+    """Median device time of one fn(*args) in ms: `calls` calls captured in a CUDA graph, replayed `repeat`
+    times between CUDA events, so host launch overhead is excluded as it is in the engine's decode graph.
+    Falls back to timing eager calls where capture fails."""
+    import cupy
 
-    return float(np.median(benchmark(fn, args, n_repeat=repeat, n_warmup=5).gpu_times[0]) * 1e3)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fn(*args)  # compiles, and warms this stream's memory pool so that capture allocates nothing new
+        stream.synchronize()
+        try:
+            stream.begin_capture()
+            for _ in range(calls):
+                fn(*args)
+            graph = stream.end_capture()
+        except Exception as e:  # noqa: BLE001 - report and time eagerly instead
+            print(f"graph capture failed ({type(e).__name__}: {e}); timing eager calls")
+            from cupyx.profiler import benchmark
+
+            return float(np.median(benchmark(fn, args, n_repeat=repeat * calls, n_warmup=5).gpu_times[0]) * 1e3)
+        graph.launch(stream)
+        times = []
+        for _ in range(repeat):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
+    return float(np.median(times))
 
 
 def copy_bandwidth() -> float:
@@ -32,7 +57,7 @@ def copy_bandwidth() -> float:
 
     a = cupy.ones(1 << 30, np.uint8)
     b = cupy.empty_like(a)
-    ms = gpu_ms(b.__setitem__, (Ellipsis, a), 20)
+    ms = gpu_ms(b.__setitem__, (Ellipsis, a), 5, 10)
     return 2 * a.nbytes / ms / 1e6  # GB/s, bytes read + written
 
 
@@ -77,6 +102,7 @@ def main() -> None:
     import cupy
 
     from barerl.backend import cuda
+    from barerl.kernels import paged_attention
     from barerl.kernels.paged_attention import num_splits
 
     rng = np.random.default_rng(0)
@@ -94,6 +120,13 @@ def main() -> None:
         case, nbytes = attention_case(rng, contexts, np.ones(len(contexts), np.int64))
         splits = num_splits(len(contexts), K, case[3].shape[1] * BLOCK)
         rows.append((name, gpu_ms(cuda.paged_attention, case), nbytes, f"{splits} splits"))
+    for ctas_per_sm in (4, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
+        default, paged_attention._CTAS_PER_SM = paged_attention._CTAS_PER_SM, ctas_per_sm
+        for name in ("decode G1: 64 seqs x 640 ctx", "decode 1 seq x 32k ctx"):
+            case, nbytes = attention_case(rng, decode_cases[name], np.ones(len(decode_cases[name]), np.int64))
+            rows.append((f"{name}, {ctas_per_sm} CTAs/SM", gpu_ms(cuda.paged_attention, case), nbytes,
+                         f"{num_splits(len(decode_cases[name]), K, case[3].shape[1] * BLOCK)} splits"))
+        paged_attention._CTAS_PER_SM = default
     case, nbytes = attention_case(rng, np.full(64, 128), np.full(64, 128))
     rows.append(("prefill 64 seqs x 128 tokens (no prefix)", gpu_ms(cuda.paged_attention, case), nbytes,
                  "K/V re-read per query"))

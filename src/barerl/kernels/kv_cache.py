@@ -17,7 +17,9 @@ _THREADS = 128
 def _token_stride(x) -> int:
     """Elements between token rows of a (T, K, D) array whose heads and dims are dense."""
     item = x.dtype.itemsize
-    require(x.strides[2] == item and x.strides[1] == x.shape[2] * item,
+    dense_dims = x.shape[2] == 1 or x.strides[2] == item
+    dense_heads = x.shape[1] == 1 or x.strides[1] == x.shape[2] * item  # a size-1 axis may have any stride
+    require(dense_dims and dense_heads,
             f"store_kv: k/v (T, K, D) need dense heads and dims, got strides {x.strides}")
     return x.strides[0] // item
 

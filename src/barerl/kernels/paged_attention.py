@@ -24,7 +24,7 @@ from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import contiguous, require
 
 _THREADS = 128
-_CTAS_PER_SM = 4
+_CTAS_PER_SM = 8
 _MIN_SPLIT_TOKENS = 128
 _num_sms: dict[int, int] = {}
 

@@ -18,7 +18,7 @@ import numpy as np
 from barerl.kernels.build import load_kernel
 
 _CHUNK = 4096  # must equal CHUNK in sampling.cu
-_SELECT_THREADS, _PARTIAL_THREADS = 1024, 256
+_SELECT_THREADS, _PARTIAL_THREADS = 512, 256  # must equal SELECT_THREADS / PARTIAL_THREADS in sampling.cu
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):

@@ -17,9 +17,9 @@
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
-//          the CTA's THREADS / TPT thread groups take tokens side by side, UNROLL tokens each in flight.
-//          Per CHUNK tokens: (1) scores into shared memory, (2) per-head online-softmax update of the running
-//          max and sum, (3) P @ V into per-thread fp32 accumulators, rescaled when the max grows.
+//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each in
+//          flight, and keep an online softmax of their own (running max, sum, fp32 P @ V in registers), with
+//          no barrier inside the loop; the groups merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
 #include "common.cuh"
 
@@ -34,10 +34,8 @@
 #endif
 
 constexpr int THREADS = 128;
-constexpr int NUM_WARPS = THREADS / 32;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
-constexpr int CHUNK = 256;           // tokens whose scores sit in shared memory at once
 constexpr int UNROLL = 4;            // 16-byte loads in flight per thread
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
@@ -58,11 +56,11 @@ __device__ __forceinline__ int sequence_of(const int* cu_seqlens_q, int num_seqs
     return lo;
 }
 
-// Row of token j (logical position in its sequence) of kv head kvh, at this thread's 16-byte slice.
-__device__ __forceinline__ const scalar_t* row_ptr(const scalar_t* cache, const int* table, int j, int block_size,
-                                                   int num_kv_heads, int kvh, int lane) {
+// Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice.
+__device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads, int kvh,
+                                                int lane) {
     const long long phys = table[j / block_size];
-    return cache + ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
+    return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
@@ -71,12 +69,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
         float* __restrict__ lse_part, int num_seqs, int num_kv_heads, int block_size, int max_blocks,
         int num_splits, int is_decode, float scale_log2) {
-    __shared__ float scores[GROUP][CHUNK];
     __shared__ float reduce_buf[NTG][HEAD_DIM];
-    __shared__ float row_max[GROUP], row_sum[GROUP], rescale[GROUP];
+    __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
 
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
-    const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT, warp = threadIdx.x / 32;
+    const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
     const int num_heads = num_kv_heads * GROUP;
     const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
     const int num_new = is_decode ? 1 : cu_seqlens_q[s + 1] - cu_seqlens_q[s];
@@ -86,113 +83,96 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     const int end = (int)((long long)(split + 1) * visible / num_splits);
     const int* table = block_tables + (long long)s * max_blocks;
 
-    float qf[GROUP][VEC];
+    float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         const Q_T* qp = q + ((long long)t * num_heads + kvh * GROUP + g) * HEAD_DIM + lane * VEC;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) qf[g][e] = to_float(qp[e]) * scale_log2;
+        for (int e = 0; e < VEC; ++e) {
+            qf[g][e] = to_float(qp[e]) * scale_log2;
+            acc[g][e] = 0.0f;
+        }
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
     }
-    float acc[GROUP][VEC];
+
+    // Each token group walks its own tokens with its own running max m and sum l (online softmax);
+    // the K and V rows of UNROLL tokens are all requested before the first is used.
+    for (int j0 = start + tg; j0 < end; j0 += NTG * UNROLL) {
+        uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g)
+        for (int u = 0; u < UNROLL; ++u) {
+            const int j = j0 + u * NTG;
+            k_raw[u] = v_raw[u] = make_uint4(0u, 0u, 0u, 0u);  // zeros: p = 0 must meet finite values
+            if (j < end) {
+                const long long row = row_offset(table, j, block_size, num_kv_heads, kvh, lane);
+                k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + row);
+                v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + row);
+            }
+        }
+        float score[UNROLL][GROUP];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[g][e] = 0.0f;
-    if (threadIdx.x < GROUP) {
-        row_max[threadIdx.x] = NEG_INF;
-        row_sum[threadIdx.x] = 0.0f;
+        for (int u = 0; u < UNROLL; ++u) {
+            float kf[VEC];
+            vec_to_float(k_raw[u], kf);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
+#pragma unroll
+                for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                score[u][g] = j0 + u * NTG < end ? dot : NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            float m_new = m[g];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, score[u][g]);
+            const float alpha = exp2f(m[g] - m_new);  // m_new is finite: token j0 is always valid
+            l[g] *= alpha;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[g][e] *= alpha;
+            m[g] = m_new;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float vf[VEC];
+            vec_to_float(v_raw[u], vf);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                const float p = exp2f(score[u][g] - m[g]);
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
+            }
+        }
+    }
+
+    // Merge the token groups: rescale each to the CTA-wide max, sum, and write o (or this split's part).
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            group_max[tg][g] = m[g];
+            group_sum[tg][g] = l[g];
+        }
     }
     __syncthreads();
-
-    for (int c0 = start; c0 < end; c0 += CHUNK) {
-        const int n = min(CHUNK, end - c0);
-        // (1) scores[g][j] = q_g . k_j for the chunk's tokens
-        for (int j0 = 0; j0 < n; j0 += NTG * UNROLL) {
-            uint4 raw[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * NTG + tg;
-                raw[u] = make_uint4(0u, 0u, 0u, 0u);
-                if (j < n) raw[u] = *reinterpret_cast<const uint4*>(
-                    row_ptr(k_cache, table, c0 + j, block_size, num_kv_heads, kvh, lane));
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * NTG + tg;
-                float kf[VEC];
-                vec_to_float(raw[u], kf);
-#pragma unroll
-                for (int g = 0; g < GROUP; ++g) {
-                    float dot = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
-#pragma unroll
-                    for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                    if (j < n && lane == 0) scores[g][j] = dot;
-                }
-            }
-        }
-        __syncthreads();
-        // (2) online softmax: new running max, probabilities in place, running sum, rescale factor
-        for (int g = warp; g < GROUP; g += NUM_WARPS) {
-            const float m_old = row_max[g];
-            float cmax = NEG_INF;
-            for (int j = threadIdx.x % 32; j < n; j += 32) cmax = fmaxf(cmax, scores[g][j]);
-            const float m_new = fmaxf(m_old, warp_max(cmax));
-            float sum = 0.0f;
-            for (int j = threadIdx.x % 32; j < n; j += 32) {
-                const float p = exp2f(scores[g][j] - m_new);
-                scores[g][j] = p;
-                sum += p;
-            }
-            sum = warp_sum(sum);
-            if (threadIdx.x % 32 == 0) {
-                const float alpha = exp2f(m_old - m_new);
-                rescale[g] = alpha;
-                row_sum[g] = row_sum[g] * alpha + sum;
-                row_max[g] = m_new;
-            }
-        }
-        __syncthreads();
-        // (3) acc_g = acc_g * rescale_g + sum_j p_gj v_j
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[g][e] *= rescale[g];
-        for (int j0 = 0; j0 < n; j0 += NTG * UNROLL) {
-            uint4 raw[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * NTG + tg;
-                if (j < n) raw[u] = *reinterpret_cast<const uint4*>(
-                    row_ptr(v_cache, table, c0 + j, block_size, num_kv_heads, kvh, lane));
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * NTG + tg;
-                if (j < n) {
-                    float vf[VEC];
-                    vec_to_float(raw[u], vf);
-#pragma unroll
-                    for (int g = 0; g < GROUP; ++g) {
-                        const float p = scores[g][j];
-#pragma unroll
-                        for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
-                    }
-                }
-            }
-        }
-        __syncthreads();  // scores are overwritten by the next chunk
-    }
-
-    // Sum the token groups' accumulators, one head at a time, and write o (or this split's part of it).
     const long long row0 = (long long)t * num_heads + kvh * GROUP;
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
+        float m_all = NEG_INF, l_all = 0.0f;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) reduce_buf[tg][lane * VEC + e] = acc[g][e];
+        for (int i = 0; i < NTG; ++i) m_all = fmaxf(m_all, group_max[i][g]);
+#pragma unroll
+        for (int i = 0; i < NTG; ++i)
+            l_all += m_all == NEG_INF ? 0.0f : group_sum[i][g] * exp2f(group_max[i][g] - m_all);
+        const float own = m[g] == NEG_INF ? 0.0f : exp2f(m[g] - m_all);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) reduce_buf[tg][lane * VEC + e] = acc[g][e] * own;
         __syncthreads();
-        const float inv_sum = row_sum[g] > 0.0f ? 1.0f / row_sum[g] : 0.0f;
+        const float inv_sum = l_all > 0.0f ? 1.0f / l_all : 0.0f;
         for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
             float o = 0.0f;
 #pragma unroll
@@ -203,10 +183,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
                 o_part[((row0 + g) * num_splits + split) * HEAD_DIM + d] = o * inv_sum;
             }
         }
-        if (num_splits > 1 && threadIdx.x == 0) {
-            lse_part[(row0 + g) * num_splits + split] =
-                row_sum[g] > 0.0f ? row_max[g] + log2f(row_sum[g]) : NEG_INF;
-        }
+        if (num_splits > 1 && threadIdx.x == 0)
+            lse_part[(row0 + g) * num_splits + split] = l_all > 0.0f ? m_all + log2f(l_all) : NEG_INF;
         __syncthreads();  // reduce_buf is reused by the next head
     }
 }

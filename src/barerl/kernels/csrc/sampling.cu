@@ -4,7 +4,7 @@
 // the tokens are identical (not merely close): z = logits / T, u, g = -log(-log(u)), z + g, first argmax.
 //
 // Three launches (all graph-capturable, no host sync):
-// 1. sample_thresholds, grid (B,), 1024 threads. Rows with T != 0 and a truncation compute z_max and the
+// 1. sample_thresholds, grid (B,), 512 threads. Rows with T != 0 and a truncation compute z_max and the
 //    smallest kept key `thr` (keys: order-preserving uint32 images of z) by radix select over the row, one
 //    8-bit digit per pass, never sorting: top-k counts tokens per bin; top-p sums exp(z - z_max) per bin in
 //    64-bit fixed point (deterministic, no float atomics) over the top-k set, and finds the largest key whose
@@ -22,10 +22,12 @@
 //          tokens (B,) int32; logprobs (B,) fp32.
 #include "common.cuh"
 
-constexpr int SELECT_THREADS = 1024;
+constexpr int SELECT_THREADS = 512;
+constexpr int SELECT_WARPS = SELECT_THREADS / 32;
 constexpr int PARTIAL_THREADS = 256;
 constexpr int CHUNK = 4096;                  // tokens per sample_partials CTA
 constexpr double MASS_SCALE = 4398046511104.0;  // 2^42: fixed-point mass, exact sums for V < 2^21
+constexpr unsigned long long HALF_MASK = (1ull << 21) - 1;
 
 __device__ __forceinline__ unsigned int order_key(float z) {
     const unsigned int bits = __float_as_uint(z == 0.0f ? 0.0f : z);  // -0 and +0 compare equal: one key
@@ -48,7 +50,7 @@ __device__ __forceinline__ bool truncates(int top_k, float top_p, float min_p, i
 
 // Shared-memory histogram scan by warp 0: the bin b (255 = highest keys) where the running total from the
 // top first reaches `target`; `*above` gets the total of the bins above b. Called by all threads.
-__device__ int select_bin(const unsigned long long* hist, unsigned long long target, unsigned long long* above) {
+__device__ __forceinline__ int select_bin(const unsigned long long* hist, unsigned long long target, unsigned long long* above) {
     __shared__ int chosen;
     __shared__ unsigned long long chosen_above;
     if (threadIdx.x < 32) {
@@ -80,39 +82,71 @@ __device__ int select_bin(const unsigned long long* hist, unsigned long long tar
 }
 
 // Radix select over the row's keys >= floor_key: the largest key K with weight(keys >= K) >= target, where a
-// token weighs 1 (BY_MASS false) or its fixed-point exp(z - z_max).
+// token weighs 1 (BY_MASS false) or its fixed-point exp(z - z_max). Each warp fills a private histogram;
+// lanes of a warp that hit the same bin are summed by warp reductions first (fp32 exponents cluster into a
+// few bins, and contended shared-memory atomics, 64-bit ones above all, would serialise the pass). The
+// 42-bit weights are reduced as two 21-bit halves, so 32 lanes never overflow 32 bits.
 template <bool BY_MASS>
 __device__ unsigned int radix_select(const float* row, int vocab, float t, float z_max, unsigned int floor_key,
-                                     unsigned long long target, unsigned long long* hist) {
+                                     unsigned long long target, unsigned long long (*hist)[256],
+                                     unsigned long long* merged) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     unsigned int prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-            const float z = row[v] / t;
-            const unsigned int key = order_key(z);
-            if (key >= floor_key && (key & mask) == prefix) {
-                const unsigned long long w =
-                    BY_MASS ? (unsigned long long)((double)expf(z - z_max) * MASS_SCALE) : 1ull;
-                atomicAdd(&hist[(key >> shift) & 255u], w);
+        for (int i = lane; i < 256; i += 32) hist[warp][i] = 0;
+        for (int v0 = warp * 32; v0 < vocab; v0 += SELECT_THREADS) {  // whole warps iterate together
+            const int v = v0 + lane;
+            unsigned int bin = 0;
+            unsigned long long w = 0;
+            bool in = false;
+            if (v < vocab) {
+                const float z = row[v] / t;
+                const unsigned int key = order_key(z);
+                in = key >= floor_key && (key & mask) == prefix;
+                bin = (key >> shift) & 255u;
+                w = BY_MASS ? (unsigned long long)((double)expf(z - z_max) * MASS_SCALE) : 1ull;
+            }
+            unsigned int pending = __ballot_sync(0xffffffffu, in);
+            while (pending) {
+                const int leader = __ffs(pending) - 1;
+                const unsigned int leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+                const bool same = in && bin == leader_bin;
+                const unsigned int members = __ballot_sync(0xffffffffu, same);
+                const unsigned int lo = __reduce_add_sync(0xffffffffu, same ? (unsigned int)(w & HALF_MASK) : 0u);
+                const unsigned int hi = BY_MASS ? __reduce_add_sync(0xffffffffu, same ? (unsigned int)(w >> 21) : 0u)
+                                                : 0u;
+                if (lane == leader) hist[warp][leader_bin] += ((unsigned long long)hi << 21) + lo;
+                pending &= ~members;
             }
         }
         __syncthreads();
+        for (int i = threadIdx.x; i < 256; i += SELECT_THREADS) {
+            unsigned long long sum = 0;
+            for (int w = 0; w < SELECT_WARPS; ++w) sum += hist[w][i];
+            merged[i] = sum;
+        }
+        __syncthreads();
         unsigned long long above;
-        const int bin = select_bin(hist, target, &above);
+        const int bin = select_bin(merged, target, &above);
         target -= above;
         prefix |= (unsigned int)bin << shift;
         mask |= 255u << shift;
-        __syncthreads();  // hist is cleared by the next digit
+        __syncthreads();  // merged is rewritten by the next digit
     }
     return prefix;
+}
+
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
         const float* __restrict__ logits, const float* __restrict__ temperature, const int* __restrict__ top_k,
         const float* __restrict__ top_p, const float* __restrict__ min_p, unsigned int* __restrict__ thr,
         float* __restrict__ row_max, int vocab) {
-    __shared__ unsigned long long hist[256];
+    __shared__ unsigned long long hist[SELECT_WARPS][256], merged[256], total;
     const int b = blockIdx.x;
     const float t = temperature[b];
     const int k = top_k[b];
@@ -123,23 +157,23 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
     }
     const float* row = logits + (long long)b * vocab;
     float m = NEG_INF;
-    for (int v = threadIdx.x; v < vocab; v += blockDim.x) m = fmaxf(m, row[v] / t);
+    for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) m = fmaxf(m, row[v] / t);
     m = block_max(m);
     unsigned int key = 0;
-    if (k > 0 && k < vocab) key = radix_select<false>(row, vocab, t, m, 0u, (unsigned long long)k, hist);
+    if (k > 0 && k < vocab) key = radix_select<false>(row, vocab, t, m, 0u, (unsigned long long)k, hist, merged);
     if (p < 1.0f) {
         unsigned long long local = 0;
-        for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) {
             const float z = row[v] / t;
             if (order_key(z) >= key) local += (unsigned long long)((double)expf(z - m) * MASS_SCALE);
         }
-        __shared__ unsigned long long total;
         if (threadIdx.x == 0) total = 0;
         __syncthreads();
-        atomicAdd(&total, local);
+        local = warp_sum_u64(local);
+        if (threadIdx.x % 32 == 0) atomicAdd(&total, local);
         __syncthreads();
         const double target = ceil((double)p * (double)total);
-        key = radix_select<true>(row, vocab, t, m, key, (unsigned long long)fmax(target, 1.0), hist);
+        key = radix_select<true>(row, vocab, t, m, key, (unsigned long long)fmax(target, 1.0), hist, merged);
     }
     if (threadIdx.x == 0) {
         thr[b] = key;
