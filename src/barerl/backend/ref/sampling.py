@@ -59,7 +59,7 @@ def _keep_mask(z, top_k, top_p, min_p):
     keep = xp.ones((B, V), dtype=bool)
     top_k, top_p, min_p = _host(top_k), _host(top_p), _host(min_p)
     for b in np.flatnonzero((top_k > 0) & (top_k < V)):
-        kth = xp.partition(z[b], V - top_k[b])[V - top_k[b]]
+        kth = xp.partition(z[b], V - int(top_k[b]))[V - int(top_k[b])]  # CuPy needs a Python int
         keep[b] &= z[b] >= kth
     for b in np.flatnonzero(top_p < 1):
         zk = xp.where(keep[b], z[b], -np.inf)
