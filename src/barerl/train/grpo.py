@@ -1,0 +1,201 @@
+"""GRPO: the whole RL loop in one process, on one copy of the weights.
+
+Per generation batch:
+  1. the engine samples `num_generations` completions for each prompt from the model's own working weights
+     (each prompt is prefilled once; its samples share its KV blocks);
+  2. reward functions score them; advantages are group-relative (TRL's `scale_rewards`);
+  3. the completions are packed into micro-batches; the policy loss (TRL's loss types, clip-higher, GSPO,
+     TIS/MIS against the engine's sampling log-probs) gives d loss / d log-prob per token, and the model's
+     hand-written backward takes it from there;
+  4. AdamW updates the working weights in place; the engine's next generation reads them directly, so the
+     only thing to invalidate is the prefix cache (its KV was computed with the old weights).
+Log-probs on both sides come from the same ops at the same temperature, so the logged engine/trainer
+mismatch is ~0. The number of optimizer steps per generation batch is
+`steps_per_generation / gradient_accumulation_steps`, times `num_iterations`; old log-probs are computed
+once per generation batch when the policy moves before the batch is used up (TRL's rule).
+Simplification: with `dynamic_sampling`, zero-variance groups are dropped from the batch rather than
+replaced by newly sampled ones (a step whose groups are all dropped makes no update).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from barerl.model.model import Model
+from barerl.model.weights import ParameterBuffer
+from barerl.train.config import GRPOConfig
+from barerl.train.data import EpochSampler, load_dataset
+from barerl.train.losses import logprob_mismatch, policy_loss
+from barerl.train.rewards import RewardRunner, load_rewards
+from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
+from barerl.train.schedule import resolve_total_steps
+from barerl.train.session import TrainingSession, load_tokenizer
+
+
+@dataclass
+class GRPOResult:
+    steps: int
+    rewards: list[float]  # mean reward of each step's rollouts
+    output_dir: str
+    checkpoint: str | None
+
+
+def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
+               reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
+    """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
+    from barerl.engine.llm import LLM
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+    rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
+    rewards = load_rewards(reward_funcs if reward_funcs is not None else list(cfg.reward_funcs),
+                           cfg.reward_weights)
+    if not rewards:
+        raise ValueError("reward_funcs: GRPO needs at least one reward function")
+    num_prompts = cfg.effective_generation_batch_size // cfg.num_generations
+    micro_per_generation = cfg.effective_steps_per_generation
+    updates_per_generation = max(1, micro_per_generation // cfg.gradient_accumulation_steps) * cfg.num_iterations
+    generations_per_epoch = max(1, len(rows) // num_prompts)
+    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, generations_per_epoch * updates_per_generation)
+    run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
+    sampler = EpochSampler(len(rows), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
+    data_state = run.resume()
+    if data_state:
+        sampler.load_state_dict(data_state["sampler"])
+    model = run.model
+    ref_model = _frozen_copy(model) if cfg.beta > 0 else None
+    llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed,
+              max_model_len=(cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {}))
+    logger = run.open_logger()
+    step_rewards, checkpoint = [], None
+    with RewardRunner(rewards, num_workers=0) as runner:
+        while run.step < total:
+            batch_rows = [rows[i] for i in sampler.take(num_prompts)]
+            rollouts = generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner)
+            if model.device == "cuda":
+                llm.sleep()  # the KV cache's memory goes to training activations
+            for metrics in _train_on(run, model, ref_model, rollouts, cfg, updates_per_generation, total):
+                llm.reset_prefix_cache()  # cached KV was computed by the weights just replaced
+                step_rewards.append(metrics["reward"])
+                if run.step % cfg.logging_steps == 0 or run.step == total:
+                    logger.log(run.step, metrics)
+                if cfg.log_completions_steps and run.step % cfg.log_completions_steps == 0:
+                    _log_samples(logger, run.step, rollouts)
+                if run.should_save():
+                    checkpoint = str(run.save({"sampler": sampler.state_dict()}))
+            if model.device == "cuda":
+                llm.wake()
+    run.finish()
+    return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint)
+
+
+def _frozen_copy(model: Model) -> Model:
+    """The KL reference: its own weights, sharing nothing mutable with the policy."""
+    return Model(model.cfg, ParameterBuffer(model.cfg, model.params.flat.copy()), model.device)
+
+
+def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts, cfg: GRPOConfig,
+              updates: int, total: int):
+    """Optimizer steps on one generation batch; yields each step's metrics after it is applied."""
+    rollout_metrics = _rollout_metrics(rollouts, cfg)
+    if cfg.dynamic_sampling:
+        rollouts = rollouts.select(np.repeat(~rollouts.zero_std, cfg.num_generations))
+    n = len(rollouts)
+    per_update = math.ceil(n / max(1, updates // cfg.num_iterations)) if n else 0
+    chunks = [list(range(i, min(i + per_update, n))) for i in range(0, n, per_update)] if n else [[]]
+    needs_old = updates > 1
+    prepared = [_prepare(model, ref_model, rollouts, chunk, cfg, needs_old) for chunk in chunks]
+    for iteration in range(cfg.num_iterations):
+        for k, batches in enumerate(prepared):
+            if run.step >= total:
+                return
+            start = time.perf_counter()
+            first = iteration == 0 and k == 0
+            metrics = _update(run, model, batches, cfg, measure_mismatch=first)
+            metrics.update(rollout_metrics)
+            metrics["time/train"] = time.perf_counter() - start
+            yield metrics
+
+
+def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainBatch]:
+    batches = train_batches(rollouts, indices, cfg.max_tokens_per_microbatch, cfg.mask_truncated_completions)
+    for tb in batches:
+        if needs_old:
+            tb.old_logp, _ = model.logprobs(tb.batch, cfg.temperature)
+        if ref_model is not None:
+            tb.ref_logp, _ = ref_model.logprobs(tb.batch, cfg.temperature)
+    return batches
+
+
+def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: GRPOConfig,
+            measure_mismatch: bool) -> dict:
+    xp = model.xp
+    run.optimizer.zero_grad()
+    num_items = max(sum(tb.batch.num_loss_tokens for tb in batches), 1)
+    num_sequences = sum(tb.batch.num_sequences for tb in batches)
+    sums: dict[str, float] = {}
+    loss, entropy_sum, tokens = 0.0, 0.0, 0
+    for tb in batches:
+        if tb.batch.num_loss_tokens == 0:
+            continue
+        mask = xp.asarray(tb.batch.loss_mask)
+        engine_logp = xp.asarray(tb.engine_logp)
+
+        def loss_fn(logp, entropy, tb=tb, mask=mask, engine_logp=engine_logp):
+            nonlocal entropy_sum
+            entropy_sum += float((entropy * mask).sum())
+            if measure_mismatch:
+                for key, value in logprob_mismatch(engine_logp, logp, mask).items():
+                    sums[f"mismatch/{key}"] = max(sums.get(f"mismatch/{key}", 0.0), value) if key == "max" \
+                        else sums.get(f"mismatch/{key}", 0.0) + value * float(mask.sum()) / num_items
+            return policy_loss(
+                logp, _dev(xp, tb.old_logp), xp.asarray(tb.advantages), mask, xp.asarray(tb.batch.cu_seqlens),
+                loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
+                ref_logp=_dev(xp, tb.ref_logp), importance_sampling_level=cfg.importance_sampling_level,
+                max_completion_length=cfg.max_completion_length, behaviour_logp=engine_logp,
+                importance_sampling_mode=cfg.importance_sampling_mode if cfg.importance_sampling_correction else None,
+                importance_sampling_cap=cfg.importance_sampling_cap, num_items_in_batch=num_items,
+                num_sequences_in_batch=num_sequences, num_micro_batches=cfg.gradient_accumulation_steps,
+            )
+
+        part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, cfg.temperature,
+                                               checkpoint=cfg.gradient_checkpointing)
+        loss += part
+        share = tb.batch.num_loss_tokens / num_items
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value) * share
+        tokens += tb.batch.num_tokens
+    out = {"loss": loss, "entropy": entropy_sum / num_items, "num_tokens": tokens, **sums}
+    out.update(run.optimizer_step())
+    return out
+
+
+def _dev(xp, array):
+    return None if array is None else xp.asarray(array)
+
+
+def _rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict:
+    lengths = np.array([len(c) for c in rollouts.completion_ids])
+    total = rollouts.scores.total
+    metrics = rollouts.scores.metrics()
+    metrics.update({
+        "reward_std": float(total.reshape(-1, cfg.num_generations).std(axis=1, ddof=1).mean()),
+        "frac_reward_zero_std": float(rollouts.zero_std.mean()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": int(lengths.min()),
+        "completions/max_length": int(lengths.max()),
+        "completions/clipped_ratio": float(rollouts.truncated.mean()),
+        "time/generate": rollouts.generate_seconds,
+        "time/score": rollouts.score_seconds,
+        "generated_tokens_per_second": float(lengths.sum()) / max(rollouts.generate_seconds, 1e-9),
+    })
+    return metrics
+
+
+def _log_samples(logger, step: int, rollouts: Rollouts) -> None:
+    texts = lambda xs: [x if isinstance(x, str) else x[-1]["content"] for x in xs]  # noqa: E731
+    logger.log_samples(step, texts(rollouts.prompts), texts(rollouts.completions),
+                       rollouts.scores.total.tolist(), advantage=rollouts.advantages.tolist())

@@ -1,0 +1,129 @@
+"""Rollouts for GRPO: generate a group of completions per prompt with the engine, score them, turn them into
+packed training batches with per-token advantages and the engine's sampling log-probs.
+
+Seeds are derived from (run seed, step, prompt index), so the same run reproduces the same completions,
+and a resumed run the same completions it would have drawn without the interruption.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from barerl.engine.sampling_params import SamplingParams
+from barerl.train.data import Example, PackedBatch, encode_prompt, is_conversational
+from barerl.train.losses import group_advantages, zero_std_groups
+from barerl.train.rewards import RewardRunner, RewardScores
+
+
+@dataclass
+class Rollouts:
+    """One generation batch, completions in group order (group g holds completions g*G .. g*G+G-1)."""
+
+    prompts: list  # the dataset's prompt value for each completion (string or messages)
+    completions: list  # text, or [{"role": "assistant", "content": text}] for chat prompts
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    engine_logprobs: list[list[float]]
+    truncated: np.ndarray  # (N,) bool: stopped by max_completion_length
+    scores: RewardScores
+    advantages: np.ndarray  # (N,) fp32
+    zero_std: np.ndarray  # (G,) bool: groups whose rewards are all equal
+    generate_seconds: float
+    score_seconds: float
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def select(self, keep: np.ndarray) -> Rollouts:
+        """The completions where keep (N,) is True (e.g. DAPO's dynamic-sampling filter)."""
+        idx = np.flatnonzero(keep)
+        pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        scores = RewardScores(self.scores.names, self.scores.per_function[idx], self.scores.total[idx])
+        return Rollouts(pick(self.prompts), pick(self.completions), pick(self.prompt_ids),
+                        pick(self.completion_ids), pick(self.engine_logprobs), self.truncated[idx], scores,
+                        self.advantages[idx], self.zero_std, self.generate_seconds, self.score_seconds)
+
+    def examples(self, mask_truncated: bool) -> list[Example]:
+        out = []
+        for p, c, cut in zip(self.prompt_ids, self.completion_ids, self.truncated):
+            trained = 0 if (mask_truncated and cut) else 1
+            out.append(Example(p + c, [0] * len(p) + [trained] * len(c)))
+        return out
+
+
+def sampling_seed(seed: int, step: int, index: int) -> int:
+    return int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0])
+
+
+def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner) -> Rollouts:
+    """Sample cfg.num_generations completions for each row's prompt and score them."""
+    start = time.perf_counter()
+    G = cfg.num_generations
+    prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
+    params = [
+        SamplingParams(n=G, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p or 0.0,
+                       max_tokens=cfg.max_completion_length, logprobs=True, seed=sampling_seed(cfg.seed, step, i))
+        for i in range(len(rows))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    generated = time.perf_counter()
+    completions, flat_prompts, flat_prompt_ids, ids, logprobs, truncated = [], [], [], [], [], []
+    columns: dict[str, list] = {k: [] for k in rows[0] if k != "prompt"}
+    for row, pids, out in zip(rows, prompt_ids, outputs):
+        for sample in out.outputs:
+            chat = is_conversational(row["prompt"])
+            completions.append([{"role": "assistant", "content": sample.text}] if chat else sample.text)
+            flat_prompts.append(row["prompt"])
+            flat_prompt_ids.append(list(pids))
+            ids.append(list(sample.token_ids))
+            logprobs.append(list(sample.logprobs))
+            truncated.append(sample.finish_reason == "length")
+            for key in columns:
+                columns[key].append(row.get(key))
+    columns["completion_ids"] = ids
+    scores = runner(flat_prompts, completions, columns)
+    advantages = group_advantages(scores.total.astype(np.float32), G, cfg.scale_rewards)
+    return Rollouts(flat_prompts, completions, flat_prompt_ids, ids, logprobs, np.array(truncated), scores,
+                    advantages, zero_std_groups(scores.total, G), generated - start, time.perf_counter() - generated)
+
+
+@dataclass
+class TrainBatch:
+    """A packed micro-batch of rollouts with the per-token arrays the policy loss needs."""
+
+    batch: PackedBatch
+    advantages: np.ndarray  # (T,) each token carries its sequence's advantage
+    engine_logp: np.ndarray  # (T,) the engine's log-prob of each target token (0 where no loss)
+    old_logp: object = None  # (T,) policy log-probs before this generation batch's updates
+    ref_logp: object = None  # (T,) frozen reference model's log-probs (beta > 0)
+
+
+def train_batches(rollouts: Rollouts, indices: list[int], max_tokens: int | None, mask_truncated: bool) -> list[TrainBatch]:
+    """Completions `indices` packed into batches of at most max_tokens tokens (whole sequences)."""
+    examples = rollouts.examples(mask_truncated)
+    groups, current, size = [], [], 0
+    for i in indices:
+        n = len(examples[i])
+        if current and max_tokens and size + n > max_tokens:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        groups.append(current)
+    return [_train_batch(rollouts, examples, group) for group in groups]
+
+
+def _train_batch(rollouts: Rollouts, examples: list[Example], indices: list[int]) -> TrainBatch:
+    batch = PackedBatch.from_examples([examples[i] for i in indices])
+    T = batch.num_tokens
+    advantages, engine_logp = np.zeros(T, np.float32), np.zeros(T, np.float32)
+    for i, start in zip(indices, batch.cu_seqlens[:-1]):
+        p, c = len(rollouts.prompt_ids[i]), len(rollouts.completion_ids[i])
+        advantages[start : start + p + c] = rollouts.advantages[i]
+        # target t predicts token t+1: completion token j is the target at position p - 1 + j
+        engine_logp[start + p - 1 : start + p - 1 + c] = rollouts.engine_logprobs[i]
+    return TrainBatch(batch, advantages, engine_logp)

@@ -1,0 +1,131 @@
+"""Supervised fine-tuning.
+
+One optimizer step = `gradient_accumulation_steps` micro-batches. With packing (the default) a micro-batch is
+as many whole sequences as fit in `max_tokens_per_microbatch` (attention never crosses sequences, so packing
+does not change the loss); without it, `per_device_train_batch_size` sequences. The loss is the mean
+negative log-likelihood over every loss token of the optimizer step (the normaliser spans all its
+micro-batches), so accumulation and packing give the same gradient as one big batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from barerl.train.config import SFTConfig
+from barerl.train.data import (
+    EpochSampler, Example, PackedBatch, load_dataset, next_packed_batch, pack, tokenize_dataset,
+    train_eval_split,
+)
+from barerl.train.losses import sft_loss
+from barerl.train.schedule import resolve_total_steps
+from barerl.train.session import TrainingSession, load_tokenizer
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    final_loss: float
+    eval_loss: float | None
+    output_dir: str
+    checkpoint: str | None
+
+
+def _micro_batch(cfg: SFTConfig, examples: list[Example], sampler: EpochSampler) -> PackedBatch:
+    budget = cfg.max_tokens_per_microbatch or max(len(e) for e in examples) * cfg.per_device_train_batch_size
+    if cfg.packing:
+        return next_packed_batch(examples, sampler, budget)
+    chosen = [examples[i] for i in sampler.take(cfg.per_device_train_batch_size)]
+    return PackedBatch.from_examples(chosen)
+
+
+def _mean_loss(model, batches: list[PackedBatch]) -> float:
+    total, count = 0.0, 0
+    for batch in batches:
+        logp, _ = model.logprobs(batch)
+        mask = model.xp.asarray(batch.loss_mask)
+        total += float(-(logp * mask).sum())
+        count += batch.num_loss_tokens
+    return total / max(count, 1)
+
+
+def evaluation_loss(model, examples: list[Example], max_tokens: int) -> float | None:
+    return _mean_loss(model, pack(examples, max_tokens)) if examples else None
+
+
+def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
+              show_progress: bool = True) -> SFTResult:
+    """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+    dataset = load_dataset(cfg.dataset, task="sft", text_field=cfg.dataset_text_field) if rows is None else None
+    fmt = dataset.format if dataset is not None else _format_of(rows)
+    all_rows = dataset.rows if dataset is not None else rows
+    train_rows, eval_rows = train_eval_split(all_rows, cfg.eval_split, cfg.seed)
+    if cfg.eval_dataset:
+        eval_rows = load_dataset(cfg.eval_dataset, task="sft", text_field=cfg.dataset_text_field).rows
+    options = dict(max_length=cfg.max_length, completion_only_loss=cfg.completion_only_loss,
+                   assistant_only_loss=cfg.assistant_only_loss, text_field=cfg.dataset_text_field)
+    examples = tokenize_dataset(_as_dataset(train_rows, fmt, cfg.dataset), tokenizer, **options)
+    eval_examples = tokenize_dataset(_as_dataset(eval_rows, fmt, cfg.eval_dataset), tokenizer, **options) \
+        if eval_rows else []
+
+    sampler = EpochSampler(len(examples), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
+    steps_per_epoch = _steps_per_epoch(cfg, examples)
+    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, steps_per_epoch)
+    run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
+    data_state = run.resume()
+    if data_state:
+        sampler.load_state_dict(data_state["sampler"])
+    logger = run.open_logger()
+    model, loss, eval_loss, checkpoint = run.model, math.nan, None, None
+    eval_budget = cfg.max_tokens_per_microbatch or 8192
+    while run.step < total:
+        start = time.perf_counter()
+        batches = [_micro_batch(cfg, examples, sampler) for _ in range(cfg.gradient_accumulation_steps)]
+        normaliser = max(sum(b.num_loss_tokens for b in batches), 1)
+        run.optimizer.zero_grad()
+        loss = 0.0
+        for batch in batches:
+            mask = model.xp.asarray(batch.loss_mask)
+            part, _ = model.forward_backward(
+                batch, lambda logp, entropy, mask=mask: (*sft_loss(logp, mask, normaliser), {}),
+                run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
+            )
+            loss += part
+        metrics = run.optimizer_step()
+        num_tokens = sum(b.num_tokens for b in batches)
+        metrics.update(loss=loss, num_tokens=num_tokens, epoch=sampler.epoch + sampler.position / sampler.num_items,
+                       tokens_per_second=num_tokens / (time.perf_counter() - start))
+        if cfg.eval_steps and run.step % cfg.eval_steps == 0 and eval_examples:
+            metrics["eval_loss"] = eval_loss = evaluation_loss(model, eval_examples, eval_budget)
+        if run.step % cfg.logging_steps == 0 or run.step == total:
+            logger.log(run.step, metrics)
+        if run.should_save():
+            checkpoint = str(run.save({"sampler": sampler.state_dict()}))
+    if eval_examples and eval_loss is None:
+        eval_loss = evaluation_loss(model, eval_examples, eval_budget)
+        logger.log(run.step, {"eval_loss": eval_loss})
+    run.finish()
+    return SFTResult(run.step, loss, eval_loss, str(run.output_dir), checkpoint)
+
+
+def _steps_per_epoch(cfg: SFTConfig, examples: list[Example]) -> int:
+    if cfg.packing and cfg.max_tokens_per_microbatch:
+        micro = len(pack(examples, cfg.max_tokens_per_microbatch))
+    else:
+        micro = math.ceil(len(examples) / cfg.per_device_train_batch_size)
+    return max(1, micro // cfg.gradient_accumulation_steps)
+
+
+def _format_of(rows: list[dict]) -> str:
+    from barerl.train.data import detect_format
+
+    return detect_format(rows, task="sft")
+
+
+def _as_dataset(rows, fmt, source):
+    from barerl.train.data import Dataset
+
+    return Dataset(list(rows), fmt, str(source or "rows"))
+
