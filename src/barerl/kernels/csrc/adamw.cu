@@ -1,0 +1,46 @@
+// Fused AdamW step over one flat fp32 master buffer, and the global gradient norm.
+//
+// Math (torch.optim.AdamW, per element; g = grad * grad_scale; d = decay_mask ? 1 - lr * wd : 1):
+//          p *= d;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//          p -= step_size * m / (sqrt(v) / bias_correction2_sqrt + eps);  working = p rounded to WORK_DTYPE
+//          with step_size = lr / (1 - b1^step), bias_correction2_sqrt = sqrt(1 - b2^step) (host computed).
+//          grad_norm: sum of g^2 in fp32 per block, blocks added into one fp64 scalar (caller zeroes it).
+// Shapes:  master, exp_avg, exp_avg_sq (N,) fp32, updated in place; grad (N,) DTYPE; decay_mask (N,) uint8 or
+//          null (decay everywhere); working (N,) WORK_DTYPE or null, overwritten.
+// Launch:  grid-stride over N, 256 threads per block; one pass: each element read and written once.
+//          IEEE division and sqrt (no fast math), so fp32 results match the reference bit for bit or nearly.
+#include "common.cuh"
+
+#ifndef WORK_DTYPE
+#define WORK_DTYPE __nv_bfloat16
+#endif
+
+extern "C" __global__ void adamw_step(float* __restrict__ master, float* __restrict__ exp_avg,
+                                      float* __restrict__ exp_avg_sq, WORK_DTYPE* __restrict__ working,
+                                      const scalar_t* __restrict__ grad, const unsigned char* __restrict__ decay_mask,
+                                      long long n, float grad_scale, float beta1, float beta2, float eps,
+                                      float decay, float step_size, float bias_correction2_sqrt) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = to_float(grad[i]) * grad_scale;
+        float p = master[i];
+        if (decay_mask == nullptr || decay_mask[i] != 0) p *= decay;
+        const float m = beta1 * exp_avg[i] + (1.0f - beta1) * g;
+        const float v = beta2 * exp_avg_sq[i] + (1.0f - beta2) * g * g;
+        p -= step_size * m / (sqrtf(v) / bias_correction2_sqrt + eps);
+        master[i] = p;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+        if (working != nullptr) working[i] = from_float<WORK_DTYPE>(p);
+    }
+}
+
+extern "C" __global__ void grad_sum_squares(double* __restrict__ total, const scalar_t* __restrict__ grad,
+                                            long long n) {
+    float sum = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = to_float(grad[i]);
+        sum += g * g;
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) atomicAdd(total, (double)sum);
+}
