@@ -1,8 +1,6 @@
 """The engine on real models: greedy outputs equal transformers' greedy `generate` token for token (tiny random
 models of each family, and SmolLM2-135M-Instruct), scheduling changes nothing, in-place weight updates show."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -93,15 +91,12 @@ CONVERSATIONS = [
 ]
 
 
-def test_smollm2_chat_equals_transformers(smollm2_gguf_path):
-    transformers = pytest.importorskip("transformers")
+def test_smollm2_chat_equals_transformers(smollm2_gguf_path, smollm2_hf_model):
     llm = LLM(smollm2_gguf_path, max_model_len=256)
     outputs = llm.chat(CONVERSATIONS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
-    folder, name = os.path.split(smollm2_gguf_path)
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
     for out in outputs:
         with torch.no_grad():
-            hf = torch_model.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=20, do_sample=False)
+            hf = smollm2_hf_model.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=20, do_sample=False)
         expected = hf[0, len(out.prompt_token_ids):].tolist()
         completion = out.outputs[0]
         assert completion.token_ids == expected

@@ -334,12 +334,15 @@ def _is_token_list(x) -> bool:
 
 
 def _load_tokenizer(path: str):
+    """The model's tokenizer; None for a folder without tokenizer.json (token-id prompts only)."""
     from barerl.tokenizer import Tokenizer
 
     if os.path.isfile(path) and path.lower().endswith(".gguf"):
         from barerl.model.gguf import read_gguf
 
         return Tokenizer.from_gguf(read_gguf(path))
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return None
     return Tokenizer.from_pretrained(path)
 
 
