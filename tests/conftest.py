@@ -107,3 +107,93 @@ def smollm2_hf_tokenizer(smollm2_gguf_path):
     transformers = pytest.importorskip("transformers")
     folder, name = os.path.split(smollm2_gguf_path)
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tiny GGUF files written with the reference writer (gguf.GGUFWriter) from random Hugging Face-shaped fp32
+# weights that are converted to llama.cpp's layout here (names, q/k row interleave for llama).
+
+TINY_GGUF_DIMS = {"vocab_size": 40, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HF_TO_GGUF_LAYER = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+_HF_TO_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                      "lm_head.weight": "output.weight"}
+
+
+def _gguf_tensor_name(hf_name):
+    if hf_name in _HF_TO_GGUF_GLOBAL:
+        return _HF_TO_GGUF_GLOBAL[hf_name]
+    _, _, layer, *module, leaf = hf_name.split(".")
+    return f"blk.{layer}.{_HF_TO_GGUF_LAYER['.'.join(module)]}.{leaf}"
+
+
+def llamacpp_permute(w, heads):
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute: each head's two halves -> interleaved rows."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path, arch="llama", tied=True, quant=None, skip_keys=(), rope_freqs=None, tokenizer=None,
+                    seed=0, **meta_overrides):
+    """Write a tiny `arch` model to `path` as llama.cpp would; returns the HF-named fp32 weights written.
+
+    quant: a gguf.GGMLQuantizationType for the 2-D tensors; skip_keys / meta_overrides: `<arch>.*` metadata to
+    leave out / change (by GGUFWriter's add_<name>); rope_freqs: a Llama 3 factors tensor; tokenizer: dict with
+    tokens (required), token_types, merges, pre, bos, eos, add_bos, chat_template (vocab = len(tokens)).
+    """
+    import gguf
+    import numpy as np
+
+    from barerl.config import ModelConfig
+    from barerl.model.weights import parameter_shapes
+
+    tok = {"tokens": [f"t{i}" for i in range(TINY_GGUF_DIMS["vocab_size"])], **(tokenizer or {})}
+    dims = {**TINY_GGUF_DIMS, "vocab_size": len(tok["tokens"])}
+    cfg = ModelConfig.from_dict({**dims, "architectures": [_GGUF_ARCHS[arch]], "tie_word_embeddings": tied})
+    rng = np.random.default_rng(seed)
+    weights = {n: rng.standard_normal(s).astype(np.float32) for n, s in parameter_shapes(cfg)}
+    w = gguf.GGUFWriter(str(path), arch)
+    meta = {"block_count": cfg.num_hidden_layers, "context_length": 128, "embedding_length": cfg.hidden_size,
+            "feed_forward_length": cfg.intermediate_size, "head_count": cfg.num_attention_heads,
+            "head_count_kv": cfg.num_key_value_heads, "layer_norm_rms_eps": 1e-5, "rope_freq_base": 5e5,
+            "key_length": cfg.head_dim, "vocab_size": cfg.vocab_size, **meta_overrides}
+    for key, value in meta.items():
+        if key not in skip_keys:
+            getattr(w, f"add_{key}")(value)
+    _write_gguf_tokenizer(w, tok)
+    for name, t in weights.items():
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            t = llamacpp_permute(t, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
+        if quant is not None and t.ndim == 2:
+            w.add_tensor(_gguf_tensor_name(name), gguf.quantize(t, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(_gguf_tensor_name(name), t)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return weights
+
+
+def _write_gguf_tokenizer(w, tok):
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tok["tokens"])
+    setters = {"token_types": w.add_token_types, "merges": w.add_token_merges, "pre": w.add_tokenizer_pre,
+               "bos": w.add_bos_token_id, "eos": w.add_eos_token_id, "add_bos": w.add_add_bos_token,
+               "chat_template": w.add_chat_template}
+    for key, setter in setters.items():
+        if tok.get(key) is not None:
+            setter(tok[key])
+
+
+@pytest.fixture
+def tiny_gguf():
+    """Factory fixture: `weights = tiny_gguf(tmp_path / "m.gguf", "qwen3", quant=...)` (see write_tiny_gguf)."""
+    return write_tiny_gguf

@@ -138,6 +138,32 @@ def test_gguf_save_pretrained_loads_in_transformers(smollm2_tok, smollm2_hf_toke
     assert (hf.bos_token, hf.eos_token, hf.pad_token) == (ours.bos_token, ours.eos_token, ours.pad_token)
 
 
+@pytest.mark.parametrize("pre,add_bos", [("llama-bpe", True), ("qwen2", False)])
+def test_gguf_conversion_branches_equal_transformers(smollm2_tok, smollm2_gguf_path, tiny_gguf, tmp_path, pre,
+                                                     add_bos):
+    """SmolLM2's vocabulary re-labelled like a Llama 3 / Qwen2 file: the split regex per `pre`, BOS added by
+    the file's flag, a user-defined token, and a "control" token outside the byte alphabet (which transformers
+    skips as a llama.cpp mislabel)."""
+    spec = read_gguf(smollm2_gguf_path).tokenizer_spec
+    tokens, types = list(spec.tokens), list(spec.token_types)
+    hello = smollm2_tok.backend.token_to_id("hello")
+    types[hello] = 4  # USER_DEFINED: matched whole, not special
+    tokens += ["<think>", "<|ctrl ✓|>"]
+    types += [4, 3]
+    path = tmp_path / f"{pre}.gguf"
+    tiny_gguf(path, tokenizer={"tokens": tokens, "token_types": types, "merges": spec.merges, "pre": pre,
+                               "bos": 1, "eos": 2, "add_bos": add_bos})
+    ours = Tokenizer.from_gguf(read_gguf(path))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    ref = json.loads(hf.backend_tokenizer.to_str())
+    assert json.loads(ours.backend.to_str()) == ref
+    for text in [*TEXTS, "sayhello to 123456 hello <think>x</think>", "<|ctrl ✓|>"]:
+        ids = ours.encode(text)
+        assert ids == hf(text)["input_ids"], text
+        assert ours.decode(ids) == hf.decode(ids)
+    assert (ours.encode("hi")[0] == 1) is add_bos
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A tiny byte-level BPE trained here (no download): from_pretrained / save_pretrained and template rendering
 

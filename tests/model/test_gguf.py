@@ -1,8 +1,8 @@
 """GGUF reader: dequantisation vs the `gguf` package, HF names/shapes/config vs transformers' GGUF loader,
 the llama q/k row permutation, Llama 3 rope scaling, and clear errors for broken files.
 
-Synthetic files are written with `gguf.GGUFWriter` (the reference writer), from random Hugging Face-shaped
-weights that we convert to llama.cpp's layout ourselves, so a round trip checks names, shapes and the permute.
+Synthetic files come from conftest's `tiny_gguf` (gguf.GGUFWriter fed random Hugging Face-shaped weights converted
+to llama.cpp's layout in the test), so a round trip checks names, shapes and the permute.
 """
 
 import math
@@ -115,65 +115,13 @@ def test_smollm2_config_equals_transformers(smollm2, hf_smollm2):
 # ----------------------------------------------------------------------------------------------------------
 # Synthetic files: round trips for each family, and broken files
 
-_TINY = {"vocab_size": 40, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-            "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-            "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-            "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def _gguf_name(hf):
-    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "lm_head.weight": "output.weight"}
-    if hf in glob:
-        return glob[hf]
-    _, _, i, *mid, leaf = hf.split(".")
-    return f"blk.{i}.{_TO_GGUF['.'.join(mid)]}.{leaf}"
-
-
-def _llamacpp_permute(w, heads):
-    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute: halves -> interleaved rows, per head."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_tiny_gguf(path, arch="llama", tied=True, quant=None, skip_keys=(), rope_freqs=None, seed=0, **meta_overrides):
-    """A tiny model of `arch` as llama.cpp would write it. Returns the HF-named fp32 weights written."""
-    d = {**_TINY, "architectures": [_ARCH[arch]], "tie_word_embeddings": tied}
-    cfg = ModelConfig.from_dict(d)
-    rng = np.random.default_rng(seed)
-    weights = {n: rng.standard_normal(s).astype(np.float32) for n, s in parameter_shapes(cfg)}
-    w = gguf.GGUFWriter(str(path), arch)
-    meta = {"block_count": cfg.num_hidden_layers, "context_length": 128, "embedding_length": cfg.hidden_size,
-            "feed_forward_length": cfg.intermediate_size, "head_count": cfg.num_attention_heads,
-            "head_count_kv": cfg.num_key_value_heads, "layer_norm_rms_eps": 1e-5, "rope_freq_base": 5e5,
-            "key_length": cfg.head_dim, "vocab_size": cfg.vocab_size, **meta_overrides}
-    for key, value in meta.items():
-        if key not in skip_keys:
-            getattr(w, f"add_{key}")(value)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
-    for name, t in weights.items():
-        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
-            t = _llamacpp_permute(t, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
-        if quant is not None and t.ndim == 2:
-            w.add_tensor(_gguf_name(name), gguf.quantize(t, quant), raw_dtype=quant)
-        else:
-            w.add_tensor(_gguf_name(name), t)
-    if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return weights
 
 
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False), ("qwen3", True)])
-def test_round_trip_names_shapes_and_llama_permute(tmp_path, arch, tied):
+def test_round_trip_names_shapes_and_llama_permute(tmp_path, tiny_gguf, arch, tied):
     path = tmp_path / f"{arch}.gguf"
-    weights = write_tiny_gguf(path, arch, tied)
+    weights = tiny_gguf(path, arch, tied)
     model = read_gguf(path)
     assert model.config["architectures"] == [_ARCH[arch]]
     assert model.config["tie_word_embeddings"] is tied
@@ -184,9 +132,9 @@ def test_round_trip_names_shapes_and_llama_permute(tmp_path, arch, tied):
         _assert_equal(name, model.tensors[name], ref)
 
 
-def test_quantised_tensors_dequantise_on_access(tmp_path):
+def test_quantised_tensors_dequantise_on_access(tmp_path, tiny_gguf):
     path = tmp_path / "q8.gguf"
-    weights = write_tiny_gguf(path, quant=gguf.GGMLQuantizationType.Q8_0)
+    weights = tiny_gguf(path, quant=gguf.GGMLQuantizationType.Q8_0)
     model = read_gguf(path)
     q = model.tensors["model.layers.1.mlp.up_proj.weight"]
     ref = weights["model.layers.1.mlp.up_proj.weight"]
@@ -210,14 +158,14 @@ def _llama3_factors(head_dim, theta, factor=32.0, low=1.0, high=4.0, old=8192):
     return np.array(out, dtype=np.float32)
 
 
-def test_llama3_rope_scaling_recovered_from_rope_freqs(tmp_path):
+def test_llama3_rope_scaling_recovered_from_rope_freqs(tmp_path, tiny_gguf):
     path = tmp_path / "l3.gguf"
-    write_tiny_gguf(path, rope_freqs=_llama3_factors(8, 5e5))
+    tiny_gguf(path, rope_freqs=_llama3_factors(8, 5e5))
     scaling = read_gguf(path).config["rope_scaling"]
     assert scaling == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                        "original_max_position_embeddings": 8192}
     bad = tmp_path / "bad.gguf"
-    write_tiny_gguf(bad, rope_freqs=_llama3_factors(8, 5e5, high=2.0))
+    tiny_gguf(bad, rope_freqs=_llama3_factors(8, 5e5, high=2.0))
     with pytest.raises(GGUFError, match="rope_freqs"):
         read_gguf(bad)
 
@@ -226,9 +174,9 @@ def test_llama3_rope_scaling_recovered_from_rope_freqs(tmp_path):
 
 
 @pytest.fixture
-def good_file(tmp_path):
+def good_file(tmp_path, tiny_gguf):
     path = tmp_path / "good.gguf"
-    write_tiny_gguf(path, quant=gguf.GGMLQuantizationType.Q8_0)
+    tiny_gguf(path, quant=gguf.GGMLQuantizationType.Q8_0)
     return path
 
 
@@ -288,9 +236,9 @@ def test_unsupported_quant_type(good_file):
     _raises(good_file, f"tensor '{name}' has type IQ2_XXS, which barerl cannot dequantise")
 
 
-def test_missing_metadata_key(tmp_path):
+def test_missing_metadata_key(tmp_path, tiny_gguf):
     path = tmp_path / "nokey.gguf"
-    write_tiny_gguf(path, skip_keys=("block_count",))
+    tiny_gguf(path, skip_keys=("block_count",))
     _raises(path, "metadata key 'llama.block_count' is missing")
 
 
@@ -304,15 +252,15 @@ def test_unsupported_architecture_and_scaling(tmp_path):
     _raises(path, "'general.architecture': 'gemma2' is not supported")
 
 
-def test_shape_contradicting_metadata(tmp_path):
+def test_shape_contradicting_metadata(tmp_path, tiny_gguf):
     path = tmp_path / "shape.gguf"
-    write_tiny_gguf(path, feed_forward_length=40)
+    tiny_gguf(path, feed_forward_length=40)
     _raises(path, r"tensor 'blk.0.ffn_gate.weight' has shape \(64, 32\), the metadata implies \(40, 32\)")
 
 
-def test_config_errors_name_the_file(tmp_path):
+def test_config_errors_name_the_file(tmp_path, tiny_gguf):
     path = tmp_path / "heads.gguf"
-    write_tiny_gguf(path, head_count_kv=3)  # 4 heads cannot share 3 kv heads
+    tiny_gguf(path, head_count_kv=3)  # 4 heads cannot share 3 kv heads
     with pytest.raises(ConfigError, match="num_key_value_heads") as info:
         read_gguf(path)
     assert str(path) in str(info.value)

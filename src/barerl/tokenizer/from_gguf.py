@@ -75,9 +75,11 @@ def build_backend(spec: GGUFTokenizerSpec) -> Backend:
     bad = next((m for m in merges if len(m) != 2), None)
     if bad is not None:
         raise GGUFTokenizerError(f"{spec.source}: metadata 'tokenizer.ggml.merges' has a malformed merge {bad!r}")
-    backend = Backend(
-        BPE(vocab, merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
-    )
+    try:
+        bpe = BPE(vocab, merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    except Exception as e:  # noqa: BLE001 (the Rust library raises plain Exception, e.g. a merge not in vocab)
+        raise GGUFTokenizerError(f"{spec.source}: tokenizer.ggml.tokens and .merges do not fit: {e}") from None
+    backend = Backend(bpe)
     split = PRE_TOKENIZER_SPLITS.get(spec.pre)
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
