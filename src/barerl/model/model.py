@@ -15,8 +15,8 @@ Design:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -60,12 +60,24 @@ class PackedBatch:
             targets += list(seq[1:]) + [0]
             positions += range(len(seq))
             cu.append(cu[-1] + len(seq))
-        as32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+        as32 = lambda v: np.asarray(v, dtype=np.int32)
         return cls(as32(ids), as32(targets), as32(positions), as32(cu))
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+@dataclass
+class ForwardState:
+    """What backward needs from `hidden_states`."""
+
+    x_final: object  # (T, C) residual stream after the last layer
+    rstd_final: object  # (T,) of the final norm
+    layer_inputs: list  # each layer's input (T, C): all checkpointing keeps
+    saved: list  # each layer's LayerActivations, or None where recomputed in backward
+    rope: RopeContext
+    cu_seqlens: object
 
 
 LossFn = Callable[[object, object], tuple[float, object, dict]]
@@ -170,7 +182,7 @@ class Model:
             x, acts = layer_forward(ops, cfg, w, x, rope, attend, keep=keep and not checkpoint)
             saved.append(acts)
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
-        return h, dict(x_final=x, rstd_final=rstd, layer_inputs=layer_inputs, saved=saved, rope=rope, cu=cu)
+        return h, ForwardState(x, rstd, layer_inputs, saved, rope, cu)
 
     def logprobs(self, batch: PackedBatch, temperature: float = 1.0):
         """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient."""
@@ -195,15 +207,15 @@ class Model:
         logp, lse, entropy = ops.lm_head_logprobs(h, p.lm_head, targets, inv_t)
         loss, dlogp, metrics = loss_fn(logp, entropy)
         dh = ops.lm_head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, p.lm_head, targets, lse, grads.lm_head, inv_t)
-        dx = ops.rmsnorm_backward(dh, fwd["x_final"], p.final_norm, fwd["rstd_final"], grads.final_norm)
-        rope, cu = fwd["rope"], fwd["cu"]
+        dx = ops.rmsnorm_backward(dh, fwd.x_final, p.final_norm, fwd.rstd_final, grads.final_norm)
+        rope, cu = fwd.rope, fwd.cu_seqlens
         attend = self._attend_packed(cu)
         for i in reversed(range(cfg.num_hidden_layers)):
-            acts = fwd["saved"][i]
+            acts = fwd.saved[i]
             if acts is None:  # checkpointed: recompute this layer from its input
-                _, acts = layer_forward(ops, cfg, p.layers[i], fwd["layer_inputs"][i], rope, attend, keep=True)
+                _, acts = layer_forward(ops, cfg, p.layers[i], fwd.layer_inputs[i], rope, attend, keep=True)
             dx = layer_backward(ops, cfg, p.layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
-            fwd["saved"][i] = None
+            fwd.saved[i] = fwd.layer_inputs[i] = None  # free as we go
         ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
         return loss, metrics
 

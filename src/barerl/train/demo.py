@@ -59,12 +59,13 @@ def make_tokenizer():
 
 def make_model_config(size: DemoSize, vocab_size: int) -> ModelConfig:
     heads = max(4, size.hidden // 64)
-    return ModelConfig.from_dict(dict(
-        architectures=["Qwen3ForCausalLM"], vocab_size=vocab_size, hidden_size=size.hidden,
-        intermediate_size=3 * size.hidden, num_hidden_layers=size.layers, num_attention_heads=heads,
-        num_key_value_heads=heads // 2, head_dim=size.hidden // heads, rope_theta=10000.0,
-        tie_word_embeddings=True, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    ), source="barerl demo")
+    return ModelConfig.from_dict({
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": vocab_size, "hidden_size": size.hidden,
+        "intermediate_size": 3 * size.hidden, "num_hidden_layers": size.layers, "num_attention_heads": heads,
+        "num_key_value_heads": heads // 2, "head_dim": size.hidden // heads, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0,
+    }, source="barerl demo")
 
 
 def addition_problems(n: int, seed: int, digits: int = 2) -> list[dict]:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"barerl demo on {device}: {cfg.num_parameters() / 1e6:.2f}M-parameter {cfg.architecture}, "
           f"2-digit addition")
     held_out = addition_problems(200, seed=args.seed + 1)
-    engine = dict(num_kv_blocks=512, max_num_seqs=256)
+    engine = {"num_kv_blocks": 512, "max_num_seqs": 256}
 
     print(f"[1/3] SFT from scratch, {sft_steps} steps")
     sft = SFTConfig(output_dir=str(out / "sft"), max_steps=sft_steps, learning_rate=3e-3, warmup_steps=20,

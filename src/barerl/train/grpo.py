@@ -196,6 +196,6 @@ def _rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict:
 
 
 def _log_samples(logger, step: int, rollouts: Rollouts) -> None:
-    texts = lambda xs: [x if isinstance(x, str) else x[-1]["content"] for x in xs]  # noqa: E731
+    texts = lambda xs: [x if isinstance(x, str) else x[-1]["content"] for x in xs]
     logger.log_samples(step, texts(rollouts.prompts), texts(rollouts.completions),
                        rollouts.scores.total.tolist(), advantage=rollouts.advantages.tolist())

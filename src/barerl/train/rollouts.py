@@ -40,7 +40,7 @@ class Rollouts:
     def select(self, keep: np.ndarray) -> Rollouts:
         """The completions where keep (N,) is True (e.g. DAPO's dynamic-sampling filter)."""
         idx = np.flatnonzero(keep)
-        pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        pick = lambda xs: [xs[i] for i in idx]
         scores = RewardScores(self.scores.names, self.scores.per_function[idx], self.scores.total[idx])
         return Rollouts(pick(self.prompts), pick(self.completions), pick(self.prompt_ids),
                         pick(self.completion_ids), pick(self.engine_logprobs), self.truncated[idx], scores,
@@ -81,8 +81,8 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
             ids.append(list(sample.token_ids))
             logprobs.append(list(sample.logprobs))
             truncated.append(sample.finish_reason == "length")
-            for key in columns:
-                columns[key].append(row.get(key))
+            for key, values in columns.items():
+                values.append(row.get(key))
     columns["completion_ids"] = ids
     scores = runner(flat_prompts, completions, columns)
     advantages = group_advantages(scores.total.astype(np.float32), G, cfg.scale_rewards)

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
-    EpochSampler, Example, PackedBatch, load_dataset, next_packed_batch, pack, tokenize_dataset,
+    EpochSampler,
+    Example,
+    PackedBatch,
+    load_dataset,
+    next_packed_batch,
+    pack,
+    tokenize_dataset,
     train_eval_split,
 )
 from barerl.train.losses import sft_loss
@@ -64,8 +70,8 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     train_rows, eval_rows = train_eval_split(all_rows, cfg.eval_split, cfg.seed)
     if cfg.eval_dataset:
         eval_rows = load_dataset(cfg.eval_dataset, task="sft", text_field=cfg.dataset_text_field).rows
-    options = dict(max_length=cfg.max_length, completion_only_loss=cfg.completion_only_loss,
-                   assistant_only_loss=cfg.assistant_only_loss, text_field=cfg.dataset_text_field)
+    options = {"max_length": cfg.max_length, "completion_only_loss": cfg.completion_only_loss,
+               "assistant_only_loss": cfg.assistant_only_loss, "text_field": cfg.dataset_text_field}
     examples = tokenize_dataset(_as_dataset(train_rows, fmt, cfg.dataset), tokenizer, **options)
     eval_examples = tokenize_dataset(_as_dataset(eval_rows, fmt, cfg.eval_dataset), tokenizer, **options) \
         if eval_rows else []
@@ -89,7 +95,7 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
         for batch in batches:
             mask = model.xp.asarray(batch.loss_mask)
             part, _ = model.forward_backward(
-                batch, lambda logp, entropy, mask=mask: (*sft_loss(logp, mask, normaliser), {}),
+                batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
                 run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
             )
             loss += part
