@@ -95,7 +95,8 @@ def naive_generate(model, prompt, params, seed):
         for counter in range(params.max_tokens):
             logits = model.logits_for(history)[None]
             t, lp = ref.sample(
-                logits, np.array([params.temperature], np.float32), np.array([max(params.top_k, 0)], np.int32),
+                logits, np.array([params.temperature], np.float32),
+                np.array([max(params.top_k, 0)], np.int32),
                 np.array([params.top_p], np.float32), np.array([params.min_p], np.float32),
                 np.array([derive_seed(seed, i)], np.uint64), np.array([counter], np.int64),
             )

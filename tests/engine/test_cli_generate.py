@@ -36,7 +36,8 @@ def test_generate_prompts_file_to_jsonl(model_folder, tmp_path, capsys):
              '{"messages": [{"role": "user", "content": "hi"}]}']
     prompts.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
-    code = main(["generate", "--model", str(model_folder), "--prompts-file", str(prompts), "--output", str(out),
+    code = main(["generate", "--model", str(model_folder), "--prompts-file", str(prompts),
+                 "--output", str(out),
                  "--n", "2", "--temperature", "0.8", "--top-k", "20", "--max-tokens", "6", "--seed", "3",
                  "--ignore-eos", "--logprobs", "--max-model-len", "64", "--block-size", "4"])
     assert code == 0

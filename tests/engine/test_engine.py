@@ -21,7 +21,8 @@ ENGINE_CONFIGS = {
     "block-size-3": {"block_size": 3, "max_model_len": 63},
 }
 SHARED = list(range(1, 10))
-PROMPTS = [list(range(3, 8)), list(range(11, 24)), [5], SHARED + [20, 21, 22], list(range(4, 24)), SHARED + [30]]
+PROMPTS = [list(range(3, 8)), list(range(11, 24)), [5], SHARED + [20, 21, 22], list(range(4, 24)),
+           SHARED + [30]]
 PARAMS = [
     SamplingParams(temperature=0, max_tokens=12, seed=1),
     SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=2),

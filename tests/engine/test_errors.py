@@ -9,6 +9,10 @@ from barerl import LLM, SamplingParams
 BASE = {"block_size": 4, "max_model_len": 32}
 
 
+def token_ids(outputs):
+    return [[c.token_ids for c in o.outputs] for o in outputs]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"n": 0}, r"SamplingParams.n: must be an integer >= 1, got 0"),
     ({"temperature": -0.5}, r"temperature: must be a number >= 0"),
@@ -43,7 +47,7 @@ def test_a_bad_request_raises_before_running_and_leaves_the_rest_unaffected(bad_
     assert not llm.scheduler.has_unfinished()
     after = llm.generate(good, params, use_tqdm=False)
     fresh = LLM(PagedMockModel(), **BASE).generate(good, params, use_tqdm=False)
-    assert [[c.token_ids for c in o.outputs] for o in after] == [[c.token_ids for c in o.outputs] for o in fresh]
+    assert token_ids(after) == token_ids(fresh)
 
 
 def test_per_request_params_errors_name_the_request():

@@ -1,5 +1,6 @@
-"""The engine on real models: greedy outputs equal transformers' greedy `generate` token for token (tiny random
-models of each family, and SmolLM2-135M-Instruct), scheduling changes nothing, in-place weight updates show."""
+"""The engine on real models: greedy outputs equal transformers' greedy `generate` token for token (tiny
+random models of each family, and SmolLM2-135M-Instruct); scheduling changes nothing; in-place weight
+updates show in the next call."""
 
 import numpy as np
 import pytest
@@ -49,7 +50,8 @@ def test_scheduling_does_not_change_sampled_outputs(tiny_hf_model, tmp_path, n):
     params = SamplingParams(n=n, temperature=1.0, top_p=0.95, max_tokens=12, seed=11, logprobs=True)
     results = []
     for config in ENGINE_CONFIGS:
-        llm = LLM(model, block_size=4, max_model_len=64, **{**config, "max_num_seqs": max(config.get("max_num_seqs", 64), n)})
+        config = {**config, "max_num_seqs": max(config.get("max_num_seqs", 64), n)}
+        llm = LLM(model, block_size=4, max_model_len=64, **config)
         results.append(completions(llm.generate(prompts, params, use_tqdm=False)))
         if "num_kv_blocks" in config:
             assert llm.stats["num_preemptions"] > 0
@@ -96,7 +98,8 @@ def test_smollm2_chat_equals_transformers(smollm2_gguf_path, smollm2_hf_model):
     outputs = llm.chat(CONVERSATIONS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     for out in outputs:
         with torch.no_grad():
-            hf = smollm2_hf_model.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=20, do_sample=False)
+            prompt = torch.tensor([out.prompt_token_ids])
+            hf = smollm2_hf_model.generate(prompt, max_new_tokens=20, do_sample=False)
         expected = hf[0, len(out.prompt_token_ids):].tolist()
         completion = out.outputs[0]
         assert completion.token_ids == expected

@@ -1,4 +1,4 @@
-"""The reference sampler op against hand-derived targets: the hash, greedy, filters, frequencies, log-probs."""
+"""The reference sampler against hand-derived targets: the hash, greedy, filters, frequencies, log-probs."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""Scheduler, pure Python (no model): budgets, chunked prefill, mixed steps, continuous batching, preemption."""
+"""Scheduler, pure Python (no model): budgets, chunked prefill, mixed steps, continuous batching,
+preemption."""
 
 import itertools
 

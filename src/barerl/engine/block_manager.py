@@ -148,7 +148,7 @@ class BlockManager:
                 self.cached_block_ids[block.hash] = block.block_id
 
     def free(self, seq: Sequence) -> None:
-        """Release seq's blocks (tail first, so a prefix's head stays cached longest); seq recomputes later."""
+        """Release seq's blocks, tail first so that a prefix's head stays cached longest."""
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

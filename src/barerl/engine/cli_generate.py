@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Hugging Face model folder or .gguf file")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    source.add_argument("--prompts-file", help="JSONL: strings or objects with prompt / prompt_token_ids / messages")
+    source.add_argument("--prompts-file", help="JSONL: strings, or objects with prompt / prompt_token_ids / "
+                        "messages")
     parser.add_argument("--chat", action="store_true", help="apply the chat template to text prompts")
     parser.add_argument("--output", help="write one JSON object per prompt to this JSONL file")
     _add_dataclass_flags(parser.add_argument_group("sampling"), SamplingParams, _SKIP_SAMPLING)
@@ -103,8 +104,9 @@ def run(args) -> int:
             for c in out.outputs:
                 print(c.text if c.text else c.token_ids)
     s = llm.stats
-    print(f"{s['num_requests']} prompts, {s['num_prompt_tokens']} prompt tokens, {s['num_generated_tokens']} new "
-          f"tokens in {s['elapsed_s']:.2f} s: {s['tokens_per_s']:.1f} new tok/s", file=sys.stderr)
+    print(f"{s['num_requests']} prompts, {s['num_prompt_tokens']} prompt tokens, "
+          f"{s['num_generated_tokens']} new tokens in {s['elapsed_s']:.2f} s: "
+          f"{s['tokens_per_s']:.1f} new tok/s", file=sys.stderr)
     return 0
 
 

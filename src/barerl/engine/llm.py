@@ -42,7 +42,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
-    gpu_memory_utilization: float = 0.9  # share of GPU memory the process may fill; the KV cache takes the rest
+    gpu_memory_utilization: float = 0.9  # share of GPU memory to fill; the KV cache takes what is left
     cpu_kv_cache_gib: float = 1.0  # KV cache budget on the CPU
     max_num_seqs: int = 256
     max_model_len: int | None = None  # prompt + output tokens; default: the model's, capped by the cache
@@ -54,12 +54,14 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks"):
+        positive = ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
+        for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            got = self.gpu_memory_utilization
+            raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {got!r}")
         if not self.cpu_kv_cache_gib > 0:
             raise ValueError(f"LLM: cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 
@@ -122,8 +124,9 @@ class LLM:
             return n if cfg.enable_chunked_prefill else max(n, self.max_model_len)
         if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
-                f"LLM: max_num_batched_tokens={cfg.max_num_batched_tokens} < max_model_len={self.max_model_len}"
-                " needs enable_chunked_prefill=True (a long prompt could never be scheduled)"
+                f"LLM: max_num_batched_tokens={cfg.max_num_batched_tokens} < "
+                f"max_model_len={self.max_model_len} needs enable_chunked_prefill=True (a long prompt "
+                "could never be scheduled)"
             )
         return cfg.max_num_batched_tokens
 
@@ -162,7 +165,8 @@ class LLM:
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len="
+                             f"{self.max_model_len}")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
@@ -193,7 +197,8 @@ class LLM:
                 bar.update(len(finished))
                 bar.set_postfix(tok_s=f"{num_generated / (time.perf_counter() - start):.1f}", refresh=False)
         self.stats = {
-            "num_requests": len(requests), "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "num_requests": len(requests),
+            "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
             "num_generated_tokens": num_generated, "elapsed_s": time.perf_counter() - start,
             "num_preemptions": self.scheduler.num_preemptions,
         }
@@ -215,7 +220,8 @@ class LLM:
                 )
             except ValueError as e:
                 raise ValueError(f"conversation {i}: {e}") from None
-            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
@@ -267,7 +273,10 @@ class LLM:
             if num_sent is not None:
                 num_sent[seq.seq_id] = seq.num_output_tokens
             detok = seq.detokenizer
-            text = "" if detok is None else detok.text if num_sent is None else detok.next_text(seq.is_finished)
+            if detok is None:
+                text = ""
+            else:
+                text = detok.text if num_sent is None else detok.next_text(seq.is_finished)
             outputs.append(CompletionOutput(
                 index=seq.sample_index, text=text, token_ids=token_ids,
                 cumulative_logprob=float(sum(seq.output_logprobs)),
@@ -275,7 +284,8 @@ class LLM:
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             ))
         metrics = RequestMetrics(
-            request.arrival_time, request.first_scheduled_time, request.first_token_time, request.finished_time,
+            request.arrival_time, request.first_scheduled_time, request.first_token_time,
+            request.finished_time,
             len(request.prompt_token_ids), request.num_cached_tokens,
             sum(s.num_output_tokens for s in request.sequences),
         )

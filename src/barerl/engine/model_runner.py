@@ -80,7 +80,8 @@ def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
 
 
 def _sampling_arrays(batch: ScheduledBatch) -> dict[str, np.ndarray]:
-    rows, temperature, top_k, top_p, min_p, seeds, counters, banned_rows, banned_tokens = ([] for _ in range(9))
+    rows, temperature, top_k, top_p, min_p, seeds, counters = ([] for _ in range(7))
+    banned_rows, banned_tokens = [], []
     for i, seq in enumerate(batch.seqs):
         if not batch.samples(i):
             continue

@@ -18,7 +18,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def derive_seed(seed: int, index: int) -> int:
-    """Seed of sample `index` of a request seeded `seed`: the seed itself for sample 0, else a splitmix64 mix."""
+    """Seed of sample `index` of a request seeded `seed`: the seed for sample 0, else a splitmix64 mix."""
     if index == 0:
         return seed & _MASK64
     z = (seed + 0x9E3779B97F4A7C15 * (index + 1)) & _MASK64

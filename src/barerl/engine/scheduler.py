@@ -108,7 +108,8 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(batch, budget)
         if not batch.seqs and self.has_unfinished():
-            raise RuntimeError("scheduler: nothing fits in the KV cache (more blocks or a shorter max_model_len)")
+            raise RuntimeError("scheduler: nothing fits in the KV cache (give it more blocks, or lower "
+                               "max_model_len)")
         return batch
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:

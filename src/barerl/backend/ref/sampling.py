@@ -95,7 +95,7 @@ def _split_rows(temperature):
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
-    """Sample one token per row; returns tokens (B,) int32 and their log-probs (B,) fp32 (module docstring)."""
+    """One token per row: tokens (B,) int32 and their log-probs (B,) fp32 (see the module docstring)."""
     xp = xp_of(logits)
     logits = logits.astype(np.float32, copy=False)
     B, V = logits.shape
