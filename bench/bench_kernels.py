@@ -67,6 +67,7 @@ def cases():
     import cupy
 
     from barerl.backend import cuda
+    from barerl.kernels import flash_attention
 
     x, w_norm = rand((T, C)), rand((C,))
     y, rstd = cuda.rmsnorm(x, w_norm, 1e-6)
@@ -116,15 +117,40 @@ def cases():
     yield "lm_head_backward", f"{rows}x{C} @ {C}x{V}", \
         lambda: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable), 0, 6 * rows * C * V
 
+    n = 596_000_000  # Qwen3-0.6B parameters: fp32 master, moments and grads, bf16 working weights
+    master, grad_flat = rand((n,), np.float32), rand((n,), np.float32, 1e-3)
+    exp_avg, exp_avg_sq = cupy.zeros(n, np.float32), cupy.zeros(n, np.float32)
+    working = cupy.empty(n, BF16)
+    yield "adamw_step", f"{n} params", lambda: cuda.adamw_step(master, grad_flat, exp_avg, exp_avg_sq, None, 1e-4, 0.9,
+                                                               0.95, 1e-8, 0.1, 1, 1.0, working), 30 * n, 0
+    yield "grad_norm", f"{n} fp32", lambda: cuda.grad_norm(grad_flat), 4 * n, 0
+
     cu = cupy.arange(0, T + 1, 1152, dtype=np.int32)
     q = qkv[:, : H * D].reshape(T, H, D)
     k = qkv[:, H * D : (H + K) * D].reshape(T, K, D)
     v = qkv[:, (H + K) * D :].reshape(T, K, D)
     o, lse_attn = cuda.attention(q, k, v, cu, D**-0.5)
     attn_flops = 4 * (T // 1152) * (1152 * 1152 / 2) * D * H
-    yield "attention", f"16 x 1152, H{H} K{K} D{D}", lambda: cuda.attention(q, k, v, cu, D**-0.5), 0, attn_flops
-    yield "attention_backward", f"16 x 1152, H{H} K{K} D{D}", \
-        lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), 0, 2.5 * attn_flops
+    for warps in (4, 8):  # block shapes of the FlashAttention kernels (16 rows or keys per warp)
+        def configured(fn, warps=warps):
+            def run():
+                flash_attention.CONFIG.update(fwd_warps=warps, bwd_warps=warps)
+                return fn()
+            return run
+
+        yield (f"attention[{warps} warps]", f"16 x 1152, H{H} K{K} D{D}",
+               configured(lambda: cuda.attention(q, k, v, cu, D**-0.5)), 0, attn_flops)
+        yield (f"attention_backward[{warps} warps]", f"16 x 1152, H{H} K{K} D{D}",
+               configured(lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5)), 0,
+               2.5 * attn_flops)
+    flash_attention.CONFIG.update(fwd_warps=4, bwd_warps=4, defines={"SKIP_DQ_ATOMICS": 1})
+    yield ("attention_backward[4 warps, no dQ atomics: timing only]", f"16 x 1152, H{H} K{K} D{D}",
+           lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), 0, 2.5 * attn_flops)
+    flash_attention.CONFIG.update(defines={})
+    for chunk in (1024, 4096):
+        yield (f"lm_head_backward[chunk {chunk}]", f"{rows}x{C} @ {C}x{V}",
+               lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk), 0,
+               6 * rows * C * V)
 
 
 def main() -> None:

@@ -29,8 +29,13 @@ def _qkv(draw, dtype, T, H, K, D):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 4), (8, 2)], ids=lambda h: f"gqa{h[0] // h[1]}")
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-def test_attention(draw, dtype, head_dim, heads, lengths):
+@pytest.mark.parametrize("warps", [4, 8], ids=lambda w: f"w{w}")
+def test_attention(draw, dtype, head_dim, heads, lengths, warps, monkeypatch):
     from barerl.backend import cuda
+    from barerl.kernels import flash_attention
+
+    monkeypatch.setitem(flash_attention.CONFIG, "fwd_warps", warps)
+    monkeypatch.setitem(flash_attention.CONFIG, "bwd_warps", warps)
 
     H, K = heads
     cu, _ = cu_seqlens(LENGTHS[lengths])

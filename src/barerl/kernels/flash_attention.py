@@ -14,8 +14,10 @@ from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
 
-_THREADS = 128
-_FWD_BM, _FWD_BN, _BWD_BN, _BWD_BM = 64, 64, 64, 32
+# Warps per block of each kernel (16 query rows / 16 keys per warp); the benchmark tries other values.
+# "defines" adds compile-time switches (the benchmark's leave-one-stage-out variants).
+CONFIG = {"fwd_warps": 4, "bwd_warps": 4, "defines": {}}
+_FWD_BN, _BWD_BM, _DELTA_THREADS = 64, 32, 128
 _LOG2E = 1.4426950408889634
 
 
@@ -34,9 +36,10 @@ def _setup(q, k, v, cu_seqlens, kernel_name: str):
     require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
     require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
     require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
-    kernel = load_kernel("flash_attention.cu", kernel_name, {"DTYPE": ctype(q.dtype), "HEAD_DIM": D})
+    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D, "FWD_WARPS": CONFIG["fwd_warps"],
+               "BWD_WARPS": CONFIG["bwd_warps"], **CONFIG["defines"]}
     cu = contiguous(cu_seqlens.astype(np.int32, copy=False))
-    return kernel, cu, cu.shape[0] - 1
+    return load_kernel("flash_attention.cu", kernel_name, defines), defines, cu, cu.shape[0] - 1
 
 
 def _strides(*arrays):
@@ -56,12 +59,13 @@ def attention(q, k, v, cu_seqlens, scale):
         return ref.attention(q, k, v, cu_seqlens, scale)
     q, k, v = _rows(q, "q"), _rows(k.astype(q.dtype, copy=False), "k"), _rows(v.astype(q.dtype, copy=False), "v")
     T, H, D = q.shape
-    kernel, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_forward")
+    kernel, _, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_forward")
     o = cupy.empty((T, H, D), q.dtype)
     lse = cupy.empty((H, T), np.float32)
     if T:
-        smem = _smem(kernel, (_FWD_BM + 4 * _FWD_BN) * (D + 8) * q.dtype.itemsize)
-        kernel((-(-T // _FWD_BM) + num_seqs, H), (_THREADS,),
+        block_m = 16 * CONFIG["fwd_warps"]
+        smem = _smem(kernel, (block_m + 4 * _FWD_BN) * (D + 8) * q.dtype.itemsize)
+        kernel((-(-T // block_m) + num_seqs, H), (32 * CONFIG["fwd_warps"],),
                (o, lse, q, k, v, cu, np.int32(num_seqs), np.int32(H), np.int32(k.shape[1]), *_strides(q, k, v),
                 np.int32(T), np.float32(scale * _LOG2E)), shared_mem=smem)
     return o, lse
@@ -77,8 +81,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
     do, o = contiguous(do.astype(q.dtype, copy=False)), contiguous(o.astype(q.dtype, copy=False))
     T, H, D = q.shape
     K = k.shape[1]
-    kernel, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_backward")
-    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D}
+    kernel, defines, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_backward")
     dq_accum = cupy.zeros((T, H, D), np.float32)
     dq = cupy.empty((T, H, D), q.dtype)
     dk = cupy.empty((T, K, D), q.dtype)
@@ -87,10 +90,12 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
         return dq, dk, dv
     delta = cupy.empty((H, T), np.float32)
     load_kernel("flash_attention.cu", "attention_delta", defines)(
-        (max(1, min(-(-T * H // 4), multiprocessors() * 16)),), (_THREADS,), (delta, do, o, np.int32(T), np.int32(H)))
-    item = q.dtype.itemsize
-    smem = _smem(kernel, (2 * _BWD_BN + 2 * _BWD_BM) * (D + 8) * item + _BWD_BN * (_BWD_BM + 8) * item + 2 * _BWD_BM * 4)
-    kernel((-(-T // _BWD_BN) + num_seqs, K), (_THREADS,),
+        (max(1, min(-(-T * H // 4), multiprocessors() * 16)),), (_DELTA_THREADS,),
+        (delta, do, o, np.int32(T), np.int32(H)))
+    item, block_n = q.dtype.itemsize, 16 * CONFIG["bwd_warps"]
+    smem = _smem(kernel, (2 * block_n + 2 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item
+                 + 2 * _BWD_BM * 4)
+    kernel((-(-T // block_n) + num_seqs, K), (32 * CONFIG["bwd_warps"],),
            (dq_accum, dk, dv, q, k, v, do, contiguous(lse), delta, cu, np.int32(num_seqs), np.int32(H), np.int32(K),
             *_strides(q, k, v), np.int32(T), np.float32(scale), np.float32(scale * _LOG2E)), shared_mem=smem)
     load_kernel("flash_attention.cu", "round_to_dtype", defines)(

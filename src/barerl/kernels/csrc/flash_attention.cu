@@ -8,10 +8,11 @@
 //          of 8 elements), heads and dims dense; o, dout (T, H, D) dense; lse, delta (H, T) fp32;
 //          dq_accum (T, H, D) fp32, zeroed by the caller, filled with atomicAdd; dk, dv (T, K, D) dense.
 //          cu_seqlens (S + 1,) int32. D = HEAD_DIM (64 or 128, compile-time).
-// Launch:  forward: grid (tiles, H) with tiles >= sum_s ceil(L_s / 64) (the launcher uses ceil(T / 64) + S);
-//          block b finds its (sequence, q tile) by walking cu_seqlens; 4 warps, each owns 16 query rows;
-//          K/V tiles of 64 keys double-buffered in shared memory by cp.async; online softmax in base 2.
-//          backward: grid (key tiles, K) likewise with 64-key tiles; each warp owns 16 keys; the block loops
+// Launch:  forward: FWD_WARPS warps, each owns 16 query rows (FWD_BM = 16 FWD_WARPS per block); grid (tiles, H)
+//          with tiles >= sum_s ceil(L_s / FWD_BM) (the launcher uses ceil(T / FWD_BM) + S); block b finds its
+//          (sequence, q tile) by walking cu_seqlens; K/V tiles of 64 keys double-buffered in shared memory by
+//          cp.async; online softmax in base 2.
+//          backward: BWD_WARPS warps, each owns 16 keys; grid (key tiles, K) likewise; the block loops
 //          over the group's query heads and over the 32-query tiles that can see its keys, keeping dK, dV in
 //          registers (no atomics) and adding dQ with fp32 atomics. Dynamic shared memory (> 48 KiB).
 // Accumulation: all products in fp32 (mma.sync m16n8k16), P and dS rounded to DTYPE as mma operands.
@@ -22,9 +23,16 @@
 #endif
 constexpr int D = HEAD_DIM;
 constexpr int LD = D + 8;  // shared-memory row pitch in elements: 16 bytes of padding keeps ldmatrix conflict-free
-constexpr int THREADS = 128;
-constexpr int FWD_BM = 64, FWD_BN = 64;  // forward: query rows and keys per tile
-constexpr int BWD_BN = 64, BWD_BM = 32;  // backward: keys per block, queries per step
+#ifndef FWD_WARPS
+#define FWD_WARPS 4
+#endif
+#ifndef BWD_WARPS
+#define BWD_WARPS 4
+#endif
+constexpr int FWD_THREADS = 32 * FWD_WARPS, BWD_THREADS = 32 * BWD_WARPS;
+constexpr int FWD_BM = 16 * FWD_WARPS, FWD_BN = 64;  // forward: query rows (16 per warp) and keys per tile
+constexpr int BWD_BN = 16 * BWD_WARPS, BWD_BM = 32;  // backward: keys per block (16 per warp), queries per step
+constexpr int DQ_COLS = D / (BWD_WARPS / 2);         // dQ columns per warp (warps split 2 x BWD_WARPS / 2)
 constexpr int LDS = BWD_BM + 8;          // pitch of the dS^T tile
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -46,18 +54,25 @@ __device__ __forceinline__ bool find_tile(const int* cu_seqlens, int num_seqs, i
     return false;
 }
 
+// 2^x in one MUFU instruction (flushes denormals; ex2(-inf) = 0, which masking relies on).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ROWS x D tile of rows row0.. (sequence-local) of a strided matrix into shared memory; rows >= len are zeros.
-template <int ROWS>
+template <int ROWS, int NTHREADS>
 __device__ __forceinline__ void load_tile(scalar_t* dst, const scalar_t* base, long long stride, int row0, int len) {
     constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const bool valid = row0 + r < len;
         cp_async16(dst + r * LD + col, base + (valid ? (long long)(row0 + r) * stride : 0) + col, valid ? 16 : 0);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forward(
     scalar_t* __restrict__ o, float* __restrict__ lse, const scalar_t* __restrict__ q,
     const scalar_t* __restrict__ k, const scalar_t* __restrict__ v, const int* __restrict__ cu_seqlens,
     int num_seqs, int num_heads, int num_kv_heads, long long q_stride, long long k_stride, long long v_stride,
@@ -77,9 +92,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
     const scalar_t* vb = v + (long long)start * v_stride + kvh * D;
     const int num_tiles = (min(len, q0 + FWD_BM) + FWD_BN - 1) / FWD_BN;
 
-    load_tile<FWD_BM>(sQ, qb, q_stride, q0, len);
-    load_tile<FWD_BN>(sK, kb, k_stride, 0, len);
-    load_tile<FWD_BN>(sV, vb, v_stride, 0, len);
+    load_tile<FWD_BM, FWD_THREADS>(sQ, qb, q_stride, q0, len);
+    load_tile<FWD_BN, FWD_THREADS>(sK, kb, k_stride, 0, len);
+    load_tile<FWD_BN, FWD_THREADS>(sV, vb, v_stride, 0, len);
     cp_async_commit();
 
     unsigned qf[D / 16][4];
@@ -92,8 +107,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j & 1;
         if (j + 1 < num_tiles) {
-            load_tile<FWD_BN>(sK + (stage ^ 1) * FWD_BN * LD, kb, k_stride, (j + 1) * FWD_BN, len);
-            load_tile<FWD_BN>(sV + (stage ^ 1) * FWD_BN * LD, vb, v_stride, (j + 1) * FWD_BN, len);
+            load_tile<FWD_BN, FWD_THREADS>(sK + (stage ^ 1) * FWD_BN * LD, kb, k_stride, (j + 1) * FWD_BN, len);
+            load_tile<FWD_BN, FWD_THREADS>(sV + (stage ^ 1) * FWD_BN * LD, vb, v_stride, (j + 1) * FWD_BN, len);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -141,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
             const float m_new = fmaxf(row_max[r], tile_max[r]);
             const float m_use = m_new == NEG_INF ? 0.0f : m_new;
-            rescale[r] = exp2f(row_max[r] - m_use);
+            rescale[r] = fast_exp2(row_max[r] - m_use);
             row_max[r] = m_new;
             row_sum[r] *= rescale[r];
             tile_max[r] = m_use;
@@ -150,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_forward(
         for (int nt = 0; nt < FWD_BN / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp2f(s[nt][e] - tile_max[e >> 1]);
+                s[nt][e] = fast_exp2(s[nt][e] - tile_max[e >> 1]);
                 row_sum[e >> 1] += s[nt][e];
             }
         }
@@ -220,7 +235,7 @@ extern "C" __global__ void round_to_dtype(scalar_t* __restrict__ out, const floa
         out[i] = from_float<scalar_t>(in[i]);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backward(
     float* __restrict__ dq_accum, scalar_t* __restrict__ dk, scalar_t* __restrict__ dv,
     const scalar_t* __restrict__ q, const scalar_t* __restrict__ k, const scalar_t* __restrict__ v,
     const scalar_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -239,8 +254,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
     const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
     const int k0 = tile * BWD_BN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    load_tile<BWD_BN>(sK, k + (long long)start * k_stride + kvh * D, k_stride, k0, len);
-    load_tile<BWD_BN>(sV, v + (long long)start * v_stride + kvh * D, v_stride, k0, len);
+    load_tile<BWD_BN, BWD_THREADS>(sK, k + (long long)start * k_stride + kvh * D, k_stride, k0, len);
+    load_tile<BWD_BN, BWD_THREADS>(sV, v + (long long)start * v_stride + kvh * D, v_stride, k0, len);
     cp_async_commit();
 
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
@@ -258,8 +273,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
         const scalar_t* dob = dout + ((long long)start * num_heads + h) * D;
         for (int qt = first_tile; qt < num_q_tiles; ++qt) {
             const int qs = qt * BWD_BM;
-            load_tile<BWD_BM>(sQ, qb, q_stride, qs, len);
-            load_tile<BWD_BM>(sdO, dob, (long long)num_heads * D, qs, len);
+            load_tile<BWD_BM, BWD_THREADS>(sQ, qb, q_stride, qs, len);
+            load_tile<BWD_BM, BWD_THREADS>(sdO, dob, (long long)num_heads * D, qs, len);
             cp_async_commit();
             if (threadIdx.x < BWD_BM) {
                 const int qq = qs + threadIdx.x;
@@ -299,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
                     const int col = nt * 8 + 2 * t + (e & 1);
                     const int key = key_a + 8 * (e >> 1);
                     const bool visible = qs + col >= key && key < len;
-                    const float pv = visible ? exp2f(p[nt][e] * scale_log2 - sLse[col]) : 0.0f;
+                    const float pv = visible ? fast_exp2(p[nt][e] * scale_log2 - sLse[col]) : 0.0f;
                     p[nt][e] = pv;
                     dp[nt][e] = pv * (dp[nt][e] - sDelta[col]);  // dS^T (scale applied at the end)
                 }
@@ -335,34 +350,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) flash_attention_backward(
             }
             __syncthreads();
 
-            // dQ (BWD_BM x D) += dS K * scale: warp w takes queries (w % 2) * 16.. and dims (w / 2) * D / 2..
-            const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * (D / 2);
-            float dq[D / 16][4];
+            // dQ (BWD_BM x D) += dS K * scale: warp w takes queries (w % 2) * 16.. and dims (w / 2) * DQ_COLS..
+            const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * DQ_COLS;
+            float dq[DQ_COLS / 8][4];
 #pragma unroll
-            for (int i = 0; i < D / 16; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+            for (int i = 0; i < DQ_COLS / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < BWD_BN / 16; ++kk) {
                 unsigned a[4];
                 ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + 8 * (lane >> 4)) * LDS + qrow0 + 8 * ((lane >> 3) & 1));
 #pragma unroll
-                for (int n = 0; n < D / 32; ++n) {
+                for (int n = 0; n < DQ_COLS / 16; ++n) {
                     unsigned b[4];
                     ldmatrix_x4_trans(b, sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dcol0 + n * 16 + 8 * (lane >> 4));
                     mma(dq[2 * n], a, b, scalar_t());
                     mma(dq[2 * n + 1], a, b + 2, scalar_t());
                 }
             }
+#ifndef SKIP_DQ_ATOMICS  // defined only by the benchmark, to time the rest of the kernel
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int qq = qs + qrow0 + g + 8 * r;
                 if (qq >= len) continue;
                 float* dst = dq_accum + ((long long)(start + qq) * num_heads + h) * D + dcol0 + 2 * t;
 #pragma unroll
-                for (int nt = 0; nt < D / 16; ++nt) {
+                for (int nt = 0; nt < DQ_COLS / 8; ++nt) {
                     atomicAdd(dst + nt * 8, dq[nt][2 * r] * scale);
                     atomicAdd(dst + nt * 8 + 1, dq[nt][2 * r + 1] * scale);
                 }
             }
+#endif
             __syncthreads();  // sQ, sdO, sdS are refilled next
         }
     }

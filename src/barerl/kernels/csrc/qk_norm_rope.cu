@@ -9,7 +9,8 @@
 //          cos, sin (P, HALF) fp32; q_norm, k_norm (D,) DTYPE or both null; q_rstd (T, H), k_rstd (T, K) fp32
 //          (unused without norm); dq_norm, dk_norm (D,) fp32, accumulated (the caller zeroes them).
 // Launch:  one warp per token (grid-stride), 4 warps per block; compiled per HEAD_DIM (a multiple of 64):
-//          lane l holds elements l + 32 j and HALF + l + 32 j of a head, so each rotation pair is in one lane.
+//          lane l holds elements l PER + j and HALF + l PER + j (j < PER = D / 64), so each rotation pair
+//          is in one lane and each half moves as one PER-element access per lane.
 //          Backward sums dq_norm/dk_norm per lane in registers, then per block in shared memory, then one
 //          atomicAdd per element per block.
 #include "common.cuh"
@@ -25,22 +26,33 @@ struct Head {
     float lo[PER], hi[PER];
 };
 
+// PER contiguous elements moved as one access (4 bytes for bf16 and D = 128).
+template <typename T>
+struct alignas(PER * sizeof(T)) Pack {
+    T v[PER];
+};
+
 __device__ __forceinline__ Head load_head(const scalar_t* p, int lane) {
+    const Pack<scalar_t> lo = *reinterpret_cast<const Pack<scalar_t>*>(p + lane * PER);
+    const Pack<scalar_t> hi = *reinterpret_cast<const Pack<scalar_t>*>(p + HALF + lane * PER);
     Head h;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        h.lo[j] = to_float(p[lane + 32 * j]);
-        h.hi[j] = to_float(p[HALF + lane + 32 * j]);
+        h.lo[j] = to_float(lo.v[j]);
+        h.hi[j] = to_float(hi.v[j]);
     }
     return h;
 }
 
 __device__ __forceinline__ void store_head(scalar_t* p, const Head& h, int lane) {
+    Pack<scalar_t> lo, hi;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        p[lane + 32 * j] = from_float<scalar_t>(h.lo[j]);
-        p[HALF + lane + 32 * j] = from_float<scalar_t>(h.hi[j]);
+        lo.v[j] = from_float<scalar_t>(h.lo[j]);
+        hi.v[j] = from_float<scalar_t>(h.hi[j]);
     }
+    *reinterpret_cast<Pack<scalar_t>*>(p + lane * PER) = lo;
+    *reinterpret_cast<Pack<scalar_t>*>(p + HALF + lane * PER) = hi;
 }
 
 __device__ __forceinline__ float head_rstd(const Head& h, float eps) {
@@ -63,8 +75,8 @@ extern "C" __global__ void qk_norm_rope_forward(
         float c[PER], s[PER];
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            c[j] = cos_table[(long long)pos * HALF + lane + 32 * j];
-            s[j] = sin_table[(long long)pos * HALF + lane + 32 * j];
+            c[j] = cos_table[(long long)pos * HALF + lane * PER + j];
+            s[j] = sin_table[(long long)pos * HALF + lane * PER + j];
         }
         for (int h = 0; h < heads; ++h) {
             Head x = load_head(qkv + row + h * HEAD_DIM, lane);
@@ -79,8 +91,8 @@ extern "C" __global__ void qk_norm_rope_forward(
                     }
 #pragma unroll
                     for (int j = 0; j < PER; ++j) {
-                        x.lo[j] *= r * to_float(w[lane + 32 * j]);
-                        x.hi[j] *= r * to_float(w[HALF + lane + 32 * j]);
+                        x.lo[j] *= r * to_float(w[lane * PER + j]);
+                        x.hi[j] *= r * to_float(w[HALF + lane * PER + j]);
                     }
                 }
 #pragma unroll
@@ -114,8 +126,8 @@ extern "C" __global__ void qk_norm_rope_backward(
         float c[PER], s[PER];
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            c[j] = cos_table[(long long)pos * HALF + lane + 32 * j];
-            s[j] = sin_table[(long long)pos * HALF + lane + 32 * j];
+            c[j] = cos_table[(long long)pos * HALF + lane * PER + j];
+            s[j] = sin_table[(long long)pos * HALF + lane * PER + j];
         }
         for (int h = 0; h < heads; ++h) {
             Head g = load_head(dout + row + h * HEAD_DIM, lane);
@@ -137,8 +149,8 @@ extern "C" __global__ void qk_norm_rope_backward(
                     float wlo[PER], whi[PER];
 #pragma unroll
                     for (int j = 0; j < PER; ++j) {
-                        wlo[j] = to_float(w[lane + 32 * j]);
-                        whi[j] = to_float(w[HALF + lane + 32 * j]);
+                        wlo[j] = to_float(w[lane * PER + j]);
+                        whi[j] = to_float(w[HALF + lane * PER + j]);
                         dot += g.lo[j] * wlo[j] * x.lo[j] * r + g.hi[j] * whi[j] * x.hi[j] * r;
                         acc.lo[j] += g.lo[j] * x.lo[j] * r;
                         acc.hi[j] += g.hi[j] * x.hi[j] * r;
@@ -161,8 +173,8 @@ extern "C" __global__ void qk_norm_rope_backward(
     for (int k = 0; k < 2; ++k) {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            atomicAdd(&dw_block[k][lane + 32 * j], dw[k].lo[j]);
-            atomicAdd(&dw_block[k][HALF + lane + 32 * j], dw[k].hi[j]);
+            atomicAdd(&dw_block[k][lane * PER + j], dw[k].lo[j]);
+            atomicAdd(&dw_block[k][HALF + lane * PER + j], dw[k].hi[j]);
         }
     }
     __syncthreads();
