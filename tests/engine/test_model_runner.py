@@ -31,7 +31,8 @@ def test_prepare_step_arrays_for_a_mixed_step():
     np.testing.assert_array_equal(step.slot_mapping, [d[0] * 4 + 3, *parent_slots])
     np.testing.assert_array_equal(step.sample_rows, [0])  # parent's chunk does not reach its end
     assert not step.is_decode_only
-    assert all(a.dtype == np.int32 for a in (step.input_ids, step.positions, step.block_tables, step.slot_mapping))
+    metadata = (step.input_ids, step.positions, step.cu_seqlens_q, step.block_tables, step.slot_mapping)
+    assert all(a.dtype == np.int32 for a in metadata)
     sched.update(batch, [4], [0.0])
 
     batch = sched.schedule()  # decode + parent's last 3 prompt tokens: 2 samples from one row
