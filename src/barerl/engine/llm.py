@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from barerl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutpu
 from barerl.engine.sampling_params import SamplingParams
 from barerl.engine.scheduler import Scheduler
 from barerl.engine.sequence import Request, Sequence
+
+if TYPE_CHECKING:
+    from barerl.model.model import Model
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
@@ -67,8 +71,10 @@ class EngineConfig:
 
 
 class LLM:
-    def __init__(self, model, tokenizer=None, **engine_args):
-        """model: a `barerl.model.model.Model`, or the path of a Hugging Face folder or .gguf file."""
+    def __init__(self, model: Model | str | os.PathLike, tokenizer=None, **engine_args):
+        """model: a loaded `Model` (its device and dtype win over the arguments), or the path of a Hugging
+        Face folder or .gguf file (loaded with `device`, `dtype`; its tokenizer too, if it has one).
+        engine_args: the fields of `EngineConfig`."""
         self.config = cfg = EngineConfig(**engine_args)
         path = None
         if isinstance(model, (str, os.PathLike)):
@@ -104,8 +110,10 @@ class LLM:
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         else:
-            budget = _gpu_kv_budget(cfg.gpu_memory_utilization) if self.model.device == "cuda" else (
-                int(cfg.cpu_kv_cache_gib * 2**30))
+            if self.model.device == "cuda":
+                budget = _gpu_kv_budget(cfg.gpu_memory_utilization)
+            else:
+                budget = int(cfg.cpu_kv_cache_gib * 2**30)
             num_blocks = budget // (self.model.kv_cache_bytes_per_token() * bs)
             if cfg.max_model_len is None:  # the model's own limit, as far as the cache can hold it
                 max_model_len = min(max_model_len, num_blocks * bs)
