@@ -139,7 +139,7 @@ def llamacpp_permute(w, heads):
 
 
 def write_tiny_gguf(path, arch="llama", tied=True, quant=None, skip_keys=(), rope_freqs=None, tokenizer=None,
-                    seed=0, **meta_overrides):
+                    seed=0, head_dim=8, **meta_overrides):
     """Write a tiny `arch` model to `path` as llama.cpp would; returns the HF-named fp32 weights written.
 
     quant: a gguf.GGMLQuantizationType for the 2-D tensors; skip_keys / meta_overrides: `<arch>.*` metadata to
@@ -153,7 +153,7 @@ def write_tiny_gguf(path, arch="llama", tied=True, quant=None, skip_keys=(), rop
     from barerl.model.weights import parameter_shapes
 
     tok = {"tokens": [f"t{i}" for i in range(TINY_GGUF_DIMS["vocab_size"])], **(tokenizer or {})}
-    dims = {**TINY_GGUF_DIMS, "vocab_size": len(tok["tokens"])}
+    dims = {**TINY_GGUF_DIMS, "vocab_size": len(tok["tokens"]), "head_dim": head_dim}
     cfg = ModelConfig.from_dict({**dims, "architectures": [_GGUF_ARCHS[arch]], "tie_word_embeddings": tied})
     rng = np.random.default_rng(seed)
     weights = {n: rng.standard_normal(s).astype(np.float32) for n, s in parameter_shapes(cfg)}

@@ -132,6 +132,25 @@ def test_round_trip_names_shapes_and_llama_permute(tmp_path, tiny_gguf, arch, ti
         _assert_equal(name, model.tensors[name], ref)
 
 
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False), ("qwen3", True)])
+def test_tiny_families_equal_transformers(tmp_path, tiny_gguf, arch, tied):
+    """Each family's file, loaded by transformers' GGUF loader: same tensors (exactly) and config."""
+    transformers = pytest.importorskip("transformers")
+    # transformers ignores qwen3.attention.key_length and uses Qwen3Config's default head_dim, 128
+    tiny_gguf(tmp_path / "m.gguf", arch, tied, head_dim=128 if arch == "qwen3" else 8)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf")
+    state = {k: v.numpy() for k, v in hf.state_dict().items()}
+    model = read_gguf(tmp_path / "m.gguf")
+    assert set(model.tensors) == set(state) - ({"lm_head.weight"} if tied else set())
+    for name, w in model.tensors.items():
+        _assert_equal(name, w, state[name])
+    for key in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                "tie_word_embeddings"):
+        assert model.config[key] == getattr(hf.config, key), key
+    hf_head_dim = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
+    assert model.config["head_dim"] == hf_head_dim
+
+
 def test_quantised_tensors_dequantise_on_access(tmp_path, tiny_gguf):
     path = tmp_path / "q8.gguf"
     weights = tiny_gguf(path, quant=gguf.GGMLQuantizationType.Q8_0)
@@ -206,6 +225,8 @@ def test_bad_magic_version_and_empty(good_file, tmp_path):
     _raises(good_file, "not a GGUF file")
     good_file.write_bytes(data[:4] + (99).to_bytes(4, "little") + data[8:])
     _raises(good_file, "version 99 is not supported")
+    good_file.write_bytes(data[:4] + (3).to_bytes(4, "big") + data[8:])
+    _raises(good_file, "big-endian")
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     _raises(empty, "empty")

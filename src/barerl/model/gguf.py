@@ -159,7 +159,9 @@ class GGUFModel:
             raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
         self.version = cur.scalar("<I", "the version")
         if self.version not in SUPPORTED_VERSIONS:
-            raise GGUFError(f"{path}: GGUF version {self.version} is not supported (supported: 2, 3)")
+            swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big") in SUPPORTED_VERSIONS
+            hint = " (a big-endian file? only little-endian GGUF is supported)" if swapped else ""
+            raise GGUFError(f"{path}: GGUF version {self.version} is not supported (supported: 2, 3){hint}")
         num_tensors, num_kv = cur.scalar("<Q", "the tensor count"), cur.scalar("<Q", "the metadata count")
         self.metadata: dict[str, Any] = {}
         for i in range(num_kv):
