@@ -97,12 +97,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     }
 
     // Each token group walks its own tokens with its own running max m and sum l (online softmax);
-    // the K and V rows of UNROLL tokens are all requested before the first is used.
-    for (int j0 = start + tg; j0 < end; j0 += NTG * UNROLL) {
+    // the K and V rows of UNROLL tokens are all requested before the first is used. The loop bounds are the
+    // same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
+    for (int base = start; base < end; base += NTG * UNROLL) {
         uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int j = j0 + u * NTG;
+            const int j = base + u * NTG + tg;
             k_raw[u] = v_raw[u] = make_uint4(0u, 0u, 0u, 0u);  // zeros: p = 0 must meet finite values
             if (j < end) {
                 const long long row = row_offset(table, j, block_size, num_kv_heads, kvh, lane);
@@ -122,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
                 for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
 #pragma unroll
                 for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                score[u][g] = j0 + u * NTG < end ? dot : NEG_INF;
+                score[u][g] = base + u * NTG + tg < end ? dot : NEG_INF;
             }
         }
 #pragma unroll
@@ -130,7 +131,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
             float m_new = m[g];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, score[u][g]);
-            const float alpha = exp2f(m[g] - m_new);  // m_new is finite: token j0 is always valid
+            if (m_new == NEG_INF) continue;  // no token of this group in this round (the tail)
+            const float alpha = exp2f(m[g] - m_new);  // 0 on the group's first token: m = -inf
             l[g] *= alpha;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) acc[g][e] *= alpha;
@@ -142,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
             vec_to_float(v_raw[u], vf);
 #pragma unroll
             for (int g = 0; g < GROUP; ++g) {
-                const float p = exp2f(score[u][g] - m[g]);
+                const float p = score[u][g] == NEG_INF ? 0.0f : exp2f(score[u][g] - m[g]);
                 l[g] += p;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];

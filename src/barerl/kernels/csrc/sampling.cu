@@ -270,10 +270,11 @@ extern "C" __global__ void sample_finalize(const float* __restrict__ logits, con
                              __shfl_xor_sync(0xffffffffu, best.index, o)});
     }
     if (lane == 0) {
+        const int token = best.index < vocab ? best.index : 0;  // a row of -inf only: token 0, logprob NaN
         const float t = temperature[b];
-        const float logit = logits[(long long)b * vocab + best.index];
+        const float logit = logits[(long long)b * vocab + token];
         const float z = t == 0.0f ? logit : logit / t;
-        tokens[b] = best.index;
+        tokens[b] = token;
         logprobs[b] = z - (m + logf(s));
     }
 }
