@@ -10,12 +10,8 @@ Design decisions:
   `barerl.model.weights.parameter_shapes` with Hugging Face shapes. Everything is checked against
   `ModelConfig` + `parameter_shapes` at open time, so a file that cannot become a model fails before
   any tensor is dequantised.
-- llama.cpp's converter interleaves the rows of q_proj / k_proj of the llama architecture (its RoPE pairs
-  adjacent dimensions, Hugging Face's pairs the two halves of a head). We undo it exactly as transformers'
-  GGUF loader does (`LlamaTensorProcessor._reverse_permute_weights`). Qwen2/3 are stored unpermuted.
-- Llama 3 rope scaling is not in the metadata; llama.cpp bakes it into a `rope_freqs.weight` tensor of
-  per-frequency factors. We recover the `llama3` rope_scaling dict from it (factor = its maximum, Meta's
-  fixed low/high-frequency factors and 8192 original context) and check that it reproduces the tensor.
+- llama.cpp's renaming, its q/k row interleave (llama architecture only) and its Llama 3 rope factors
+  tensor are undone in `gguf_names`, exactly as transformers' GGUF loader does where it has an equivalent.
 - Every problem is a `GGUFError` naming the file and the key or tensor. Nothing in a file is executed:
   strings are only decoded, never evaluated.
 """
@@ -32,6 +28,13 @@ from typing import Any
 import numpy as np
 
 from barerl.config import ModelConfig
+from barerl.model.gguf_names import (
+    ARCHITECTURES,
+    ROPE_FREQS,
+    hf_name,
+    llama3_scaling_from_freqs,
+    unpermute_rope_rows,
+)
 from barerl.model.gguf_quants import GGML_TYPES, dequantize, type_name
 from barerl.model.weights import parameter_shapes
 
@@ -48,29 +51,6 @@ DEFAULT_ALIGNMENT = 32
 # GGUF metadata value types -> struct format (scalars); 8 = string, 9 = array
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-ROPE_FREQS = "rope_freqs.weight"
-
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -295,7 +275,10 @@ class GGUFModel:
         if ROPE_FREQS not in self.tensor_infos:
             return None
         theta = float(self.meta(f"{arch}.rope.freq_base", 10000.0))
-        return _llama3_scaling_from_freqs(self.read_tensor(ROPE_FREQS), theta, self.path)
+        scaling = llama3_scaling_from_freqs(self.read_tensor(ROPE_FREQS), theta)
+        if scaling is None:
+            raise GGUFError(f"{self.path}: tensor '{ROPE_FREQS}' does not match Llama 3 rope scaling (unsupported)")
+        return scaling
 
     def _check_tensors(self, config: dict[str, Any]) -> None:
         """Every parameter the config implies is in the file with the right shape, and nothing unknown is."""
@@ -345,52 +328,6 @@ class HFTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._names)
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """GGUF tensor name -> Hugging Face parameter name (None for names outside our model families)."""
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
-    parts = gguf_name.split(".")
-    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[3] not in ("weight", "bias"):
-        return None
-    leaf = _LAYER_TENSORS.get(parts[2])
-    return f"model.layers.{int(parts[1])}.{leaf}.{parts[3]}" if leaf else None
-
-
-def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row interleave: per head, rows (0, 2, 4, ..., 1, 3, 5, ...) back to halves.
-
-    Same as transformers' `LlamaTensorProcessor._reverse_permute_weights`: (H, D/2, 2, ...) -> (H, 2, D/2, ...).
-    """
-    half = w.shape[0] // num_heads // 2
-    return np.ascontiguousarray(w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
-
-
-def _llama3_scaling_from_freqs(freqs: np.ndarray, theta: float, path: str) -> dict:
-    """Recover Llama 3's rope_scaling from llama.cpp's per-frequency factors and check it reproduces them.
-
-    llama.cpp (convert_hf_to_gguf.py, LlamaModel) writes factor 1 for short wavelengths, `factor` for long
-    ones and a smooth blend in between; Meta's checkpoints all use low/high 1/4 and an 8192 original context.
-    """
-    scaling = {
-        "rope_type": "llama3",
-        "factor": float(freqs.max()),
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
-    dim = 2 * freqs.shape[0]
-    inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    wavelen = 2 * math.pi / inv_freq.astype(np.float64)
-    old, low, high, factor = 8192, 1.0, 4.0, scaling["factor"]
-    smooth = (old / wavelen - low) / (high - low)
-    expected = np.where(
-        wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, 1 / ((1 - smooth) / factor + smooth))
-    )
-    if not np.allclose(freqs, expected, rtol=1e-5, atol=1e-6):
-        raise GGUFError(f"{path}: tensor '{ROPE_FREQS}' does not match Llama 3 rope scaling (unsupported scaling)")
-    return scaling
 
 
 def _tokenizer_spec(meta: dict[str, Any], path: str) -> GGUFTokenizerSpec | None:
