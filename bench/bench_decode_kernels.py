@@ -26,6 +26,7 @@ def gpu_ms(fn, args=(), calls: int = 10, repeat: int = 20) -> float:
     Falls back to timing eager calls where capture fails."""
     import cupy
 
+    cupy.cuda.Device().synchronize()  # inputs were written on the legacy stream, which `stream` does not wait for
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         fn(*args)  # compiles, and warms this stream's memory pool so that capture allocates nothing new
