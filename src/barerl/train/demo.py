@@ -79,12 +79,10 @@ def exact_answer(prompts, completions, answer, **_) -> list[float]:
     return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
 
-def accuracy(llm, rows: list[dict], max_tokens: int = 4) -> float:
-    from barerl.engine.sampling_params import SamplingParams
+def accuracy(llm, rows: list[dict]) -> float:
+    from barerl.train.evaluate import evaluate
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    outputs = llm.generate([r["prompt"] for r in rows], params, use_tqdm=False)
-    return float(np.mean(exact_answer(None, [o.outputs[0].text for o in outputs], [r["answer"] for r in rows])))
+    return evaluate(llm, rows, [exact_answer], max_tokens=4)["accuracy"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft_steps", type=int, default=None, help="override the size's SFT steps")
     parser.add_argument("--grpo_steps", type=int, default=None, help="override the size's GRPO steps")
+    parser.add_argument("--grpo_learning_rate", type=float, default=1e-3, help="GRPO's AdamW learning rate")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"      held-out accuracy after SFT: {before:.1%}")
 
     print(f"[2/3] GRPO, {grpo_steps} steps x {size.prompts_per_step} prompts x 8 samples")
-    grpo = GRPOConfig(output_dir=str(out / "grpo"), max_steps=grpo_steps, learning_rate=5e-4,
+    grpo = GRPOConfig(output_dir=str(out / "grpo"), max_steps=grpo_steps, learning_rate=args.grpo_learning_rate,
                       per_device_train_batch_size=size.prompts_per_step * 8, num_generations=8,
                       max_completion_length=4, max_prompt_length=8, temperature=1.0, beta=0.0,
                       lr_scheduler_type="constant", save_steps=grpo_steps, seed=args.seed, log_completions_steps=10)
