@@ -172,6 +172,8 @@ class Scheduler:
         return sampled
 
     def _fork(self, parent: Sequence, num_children: int) -> list[Sequence]:
+        if num_children == 0:
+            return []
         children = [parent.fork(parent.sample_index + 1 + k) for k in range(num_children)]
         for child in children:
             self.block_manager.fork(child)
