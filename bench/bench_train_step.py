@@ -120,8 +120,6 @@ def bench_torch(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int
     times = [step() for _ in range(repeats)]
     result = {"system": "torch+transformers", "step_s": float(np.median(times)),
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del model, optimizer
-    torch.cuda.empty_cache()
     return result
 
 

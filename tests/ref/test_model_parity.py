@@ -11,22 +11,22 @@ from barerl.model.weights import ParameterBuffer
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
-)
+BASE = {
+    "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+}
 FAMILIES = {
-    "qwen3": (transformers.Qwen3Config, dict(tie_word_embeddings=True)),
-    "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=False, head_dim=None, num_attention_heads=4)),
+    "qwen3": (transformers.Qwen3Config, {"tie_word_embeddings": True}),
+    "qwen2": (transformers.Qwen2Config, {"tie_word_embeddings": False, "head_dim": None, "num_attention_heads": 4}),
     "llama3": (
         transformers.LlamaConfig,
-        dict(
-            tie_word_embeddings=True, num_key_value_heads=1,
-            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                              original_max_position_embeddings=32),
-        ),
+        {
+            "tie_word_embeddings": True, "num_key_value_heads": 1,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 32},
+        },
     ),
-    "untied": (transformers.LlamaConfig, dict(tie_word_embeddings=False, num_key_value_heads=4)),
+    "untied": (transformers.LlamaConfig, {"tie_word_embeddings": False, "num_key_value_heads": 4}),
 }
 
 
@@ -41,7 +41,7 @@ def build_pair(family, seed=0):
     hf = hf.float().eval()
     with torch.no_grad():  # non-trivial norms and biases, so their gradients mean something
         for name, p in hf.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
+            if name.endswith(("norm.weight", ".bias")):
                 p.add_(torch.randn_like(p) * 0.1)
     cfg = ModelConfig.from_dict(hf.config.to_dict(), source=family)
     params = ParameterBuffer.zeros(cfg, np, np.float32)
