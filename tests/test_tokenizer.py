@@ -164,6 +164,34 @@ def test_gguf_conversion_branches_equal_transformers(smollm2_tok, smollm2_gguf_p
     assert (ours.encode("hi")[0] == 1) is add_bos
 
 
+def test_qwen2_style_folder_equals_transformers(smollm2_gguf_path, tmp_path):
+    """A folder shaped like Qwen2/Qwen3's (NFC + split regex + ByteLevel, tokenizer_class Qwen2Tokenizer, which
+    transformers v5 rebuilds from vocab and merges instead of loading tokenizer.json as is)."""
+    import dataclasses
+
+    from tokenizers import normalizers, processors
+
+    from barerl.tokenizer.from_gguf import build_backend
+
+    model = read_gguf(smollm2_gguf_path)
+    backend = build_backend(dataclasses.replace(model.tokenizer_spec, pre="qwen2"))
+    backend.normalizer = normalizers.NFC()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>", "unk_token": None,
+              "pad_token": "<|endoftext|>", "chat_template": model.tokenizer_spec.chat_template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    hf, ours = transformers.AutoTokenizer.from_pretrained(tmp_path), Tokenizer.from_pretrained(tmp_path)
+    assert json.loads(ours.backend.to_str()) == json.loads(hf.backend_tokenizer.to_str())
+    for text in [*TEXTS, "ｆｕｌｌ width ﬁ ligature e\u0301"]:
+        assert ours.encode(text) == hf(text)["input_ids"], text
+    for messages in CONVERSATIONS:
+        ref = hf.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        assert ours.apply_chat_template(messages, add_generation_prompt=True) == ref
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token", "eos_token_id", "pad_token_id"):
+        assert getattr(ours, name) == getattr(hf, name), name
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A tiny byte-level BPE trained here (no download): from_pretrained / save_pretrained and template rendering
 
