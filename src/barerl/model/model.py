@@ -126,8 +126,10 @@ class Model:
         self._cos, self._sin = self.xp.asarray(cos), self.xp.asarray(sin)
         self._rope_positions = num_positions
 
-    def _rope(self, positions) -> RopeContext:
-        self._ensure_rope(int(positions.max()) + 1 if positions.size else 1)
+    def _rope(self, positions, max_position: int | None = None) -> RopeContext:
+        if max_position is None:  # a look at the positions: a host sync when they live on the device
+            max_position = int(positions.max()) if positions.size else 0
+        self._ensure_rope(max_position + 1)
         return RopeContext(self.xp.asarray(positions), self._cos, self._sin)
 
     # -- inference (engine) -----------------------------------------------------------------------------
@@ -141,10 +143,12 @@ class Model:
         shape = (2, c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
         return self.xp.zeros(shape, dtype=self.dtype)
 
-    def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache):
-        """New tokens of S sequences against their paged KV cache -> (S, V) fp32 logits of each last token."""
+    def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache,
+                      max_position: int | None = None):
+        """New tokens of S sequences against their paged KV cache -> (S, V) fp32 logits of each last token.
+        `max_position` (a bound on the positions) spares a host sync: CUDA-graph capture needs none."""
         ops, xp, p = self.backend, self.xp, self.params
-        rope = self._rope(positions)
+        rope = self._rope(positions, max_position)
         cu = xp.asarray(cu_seqlens_q)
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         x = ops.embedding(xp.asarray(input_ids), p.embed)
