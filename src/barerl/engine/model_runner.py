@@ -56,25 +56,22 @@ def _i32(values) -> np.ndarray:
 
 
 def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
-    """The host arrays of one step (see StepInputs)."""
-    ids, positions, slots, cu, context_lens = [], [], [], [0], []
-    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-        start = seq.num_computed_tokens
-        pos = np.arange(start, start + num_new)
-        table = np.asarray(seq.block_table)
-        ids += seq.token_ids[start : start + num_new]
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        cu.append(cu[-1] + num_new)
-        context_lens.append(start + num_new)
+    """The host arrays of one step (see StepInputs). Plain Python lists, one conversion per array: with
+    hundreds of decoding sequences, per-sequence NumPy calls would cost more than the lists."""
+    ids, positions, slots, cu, context_lens, tables = [], [], [], [0], [], []
     max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-    block_tables = np.full((len(batch.seqs), max_blocks), -1, np.int32)
-    for i, seq in enumerate(batch.seqs):
-        block_tables[i, : len(seq.block_table)] = seq.block_table
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + num_new, seq.block_table
+        ids += seq.token_ids[start:end]
+        positions += range(start, end)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        cu.append(end - start + cu[-1])
+        context_lens.append(end)
+        tables.append(table + [-1] * (max_blocks - len(table)))
     copies = np.asarray(batch.block_copies, dtype=np.int32).reshape(-1, 2)
     return StepInputs(
-        input_ids=_i32(ids), positions=_i32(np.concatenate(positions)), cu_seqlens_q=_i32(cu),
-        context_lens=_i32(context_lens), block_tables=block_tables, slot_mapping=_i32(np.concatenate(slots)),
+        input_ids=_i32(ids), positions=_i32(positions), cu_seqlens_q=_i32(cu),
+        context_lens=_i32(context_lens), block_tables=_i32(tables), slot_mapping=_i32(slots),
         copy_src=copies[:, 0].copy(), copy_dst=copies[:, 1].copy(), **_sampling_arrays(batch),
     )
 

@@ -63,6 +63,7 @@ class Sequence:
         self.token_ids = token_ids
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.sample_index = sample_index
+        self.seed = derive_seed(request.seed, sample_index)  # this sample's sampler seed
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the leading full, computed blocks
@@ -103,8 +104,9 @@ class Sequence:
 
     def sample_seeds(self) -> list[int]:
         """Seeds of the samples the next step draws (one per `num_samples`)."""
-        first = self.sample_index
-        return [derive_seed(self.request.seed, first + i) for i in range(self.num_samples)]
+        if self.num_samples == 1:
+            return [self.seed]
+        return [derive_seed(self.request.seed, self.sample_index + i) for i in range(self.num_samples)]
 
     def banned_token_ids(self) -> list[int]:
         """Tokens the next sample may not be: the stop tokens, while fewer than min_tokens exist (vLLM)."""
