@@ -192,6 +192,23 @@ def test_qwen2_style_folder_equals_transformers(smollm2_gguf_path, tmp_path):
         assert getattr(ours, name) == getattr(hf, name), name
 
 
+def test_gpt2_class_folder_with_default_special_tokens(smollm2_tok, tmp_path):
+    """SmolLM2's own folder names GPT2Tokenizer; with bos/unk left out, transformers uses that class's defaults."""
+    smollm2_tok.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="GPT2Tokenizer", add_prefix_space=False)
+    del config["bos_token"], config["unk_token"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "special_tokens_map.json").unlink()
+    hf, ours = transformers.AutoTokenizer.from_pretrained(tmp_path), Tokenizer.from_pretrained(tmp_path)
+    assert json.loads(ours.backend.to_str()) == json.loads(hf.backend_tokenizer.to_str())
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    assert ours.bos_token == "<|endoftext|>"
+    for text in TEXTS:
+        assert ours.encode(text) == hf(text)["input_ids"], text
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A tiny byte-level BPE trained here (no download): from_pretrained / save_pretrained and template rendering
 

@@ -29,6 +29,12 @@ from barerl.tokenizer.chat_template import ChatTemplateError, render_chat
 from barerl.tokenizer.from_gguf import build_backend, template_processor
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# transformers' per-class defaults for special tokens that tokenizer_config.json leaves out (not for explicit nulls)
+_ENDOFTEXT = "<|endoftext|>"
+_CLASS_DEFAULTS = {
+    "GPT2Tokenizer": {"bos_token": _ENDOFTEXT, "eos_token": _ENDOFTEXT, "unk_token": _ENDOFTEXT},
+    "Qwen2Tokenizer": {"eos_token": _ENDOFTEXT, "unk_token": _ENDOFTEXT, "pad_token": _ENDOFTEXT},
+}
 
 
 class TokenizerError(ValueError):
@@ -77,7 +83,8 @@ class Tokenizer:
             raise TokenizerError(f"{path}: cannot be read as a tokenizer: {e}") from None
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         special_map = _read_json(os.path.join(folder, "special_tokens_map.json"))
-        special = {n: _token_content(config.get(n, special_map.get(n))) for n in SPECIAL_TOKEN_NAMES}
+        defaults = _CLASS_DEFAULTS.get(str(config.get("tokenizer_class", "")).removesuffix("Fast"), {})
+        special = {n: _token_content(config.get(n, special_map.get(n, defaults.get(n)))) for n in SPECIAL_TOKEN_NAMES}
         template, template_source = config.get("chat_template"), os.path.join(folder, "tokenizer_config.json")
         jinja_path = os.path.join(folder, "chat_template.jinja")
         if os.path.isfile(jinja_path):  # transformers v5 saves the template here and prefers it
