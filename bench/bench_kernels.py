@@ -131,22 +131,26 @@ def cases():
     v = qkv[:, (H + K) * D :].reshape(T, K, D)
     o, lse_attn = cuda.attention(q, k, v, cu, D**-0.5)
     attn_flops = 4 * (T // 1152) * (1152 * 1152 / 2) * D * H
-    for warps in (4, 8):  # block shapes of the FlashAttention kernels (16 rows or keys per warp)
-        def configured(fn, warps=warps):
-            def run():
-                flash_attention.CONFIG.update(fwd_warps=warps, bwd_warps=warps)
-                return fn()
-            return run
+    def configured(fn, **config):
+        def run():
+            flash_attention.CONFIG.update(config)
+            return fn()
+        return run
 
-        yield (f"attention[{warps} warps]", f"16 x 1152, H{H} K{K} D{D}",
-               configured(lambda: cuda.attention(q, k, v, cu, D**-0.5)), 0, attn_flops)
-        yield (f"attention_backward[{warps} warps]", f"16 x 1152, H{H} K{K} D{D}",
-               configured(lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5)), 0,
-               2.5 * attn_flops)
-    flash_attention.CONFIG.update(fwd_warps=4, bwd_warps=4, defines={"SKIP_DQ_ATOMICS": 1})
-    yield ("attention_backward[4 warps, no dQ atomics: timing only]", f"16 x 1152, H{H} K{K} D{D}",
-           lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), 0, 2.5 * attn_flops)
-    flash_attention.CONFIG.update(defines={})
+    shape = f"16 x 1152, H{H} K{K} D{D}"
+    forward = [{"fwd_warps": 4, "fwd_mt": 1, "fwd_bn": 64}, {"fwd_warps": 8, "fwd_mt": 1, "fwd_bn": 64},
+               {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 64}, {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 32}]
+    for config in forward:  # block shapes of the forward kernel
+        name = f"attention[{config['fwd_warps']}w mt{config['fwd_mt']} bn{config['fwd_bn']}]"
+        yield name, shape, configured(lambda: cuda.attention(q, k, v, cu, D**-0.5), **config), 0, attn_flops
+    for warps in (4, 8):
+        yield (f"attention_backward[{warps}w]", shape, configured(
+            lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=warps), 0,
+            2.5 * attn_flops)
+    yield ("attention_backward[4w, no dQ: timing only]", shape, configured(
+        lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=4,
+        defines={"SKIP_DQ_ATOMICS": 1}), 0, 2.5 * attn_flops)
+    flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=1, fwd_bn=64, bwd_warps=4, defines={})
     for chunk in (1024, 4096):
         yield (f"lm_head_backward[chunk {chunk}]", f"{rows}x{C} @ {C}x{V}",
                lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk), 0,

@@ -15,6 +15,14 @@ LENGTHS = {
     "long": [1152, 700],
 }
 
+# kernel block shapes (flash_attention.CONFIG entries) the tests cover; {} is the default
+CONFIGS = {
+    "default": {},
+    "w8": {"fwd_warps": 8, "bwd_warps": 8},
+    "mt2": {"fwd_mt": 2},
+    "mt2-bn32": {"fwd_mt": 2, "fwd_bn": 32},
+}
+
 
 def _qkv(draw, dtype, T, H, K, D):
     """q, k, v as row-strided views of one fused (T, (H + 2K) * D) buffer, as the model makes them."""
@@ -29,13 +37,13 @@ def _qkv(draw, dtype, T, H, K, D):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 4), (8, 2)], ids=lambda h: f"gqa{h[0] // h[1]}")
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-@pytest.mark.parametrize("warps", [4, 8], ids=lambda w: f"w{w}")
-def test_attention(draw, dtype, head_dim, heads, lengths, warps, monkeypatch):
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_attention(draw, dtype, head_dim, heads, lengths, config, monkeypatch):
     from barerl.backend import cuda
     from barerl.kernels import flash_attention
 
-    monkeypatch.setitem(flash_attention.CONFIG, "fwd_warps", warps)
-    monkeypatch.setitem(flash_attention.CONFIG, "bwd_warps", warps)
+    for key, value in CONFIGS[config].items():
+        monkeypatch.setitem(flash_attention.CONFIG, key, value)
 
     H, K = heads
     cu, _ = cu_seqlens(LENGTHS[lengths])

@@ -14,10 +14,11 @@ from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
 
-# Warps per block of each kernel (16 query rows / 16 keys per warp); the benchmark tries other values.
-# "defines" adds compile-time switches (the benchmark's leave-one-stage-out variants).
-CONFIG = {"fwd_warps": 4, "bwd_warps": 4, "defines": {}}
-_FWD_BN, _BWD_BM, _DELTA_THREADS = 64, 32, 128
+# Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
+# m16 row tiles per warp (query rows per block = 16 x fwd_mt x fwd_warps) and keys per K/V tile; backward:
+# warps per block (16 keys each). "defines" adds switches (the benchmark's leave-one-stage-out variants).
+CONFIG = {"fwd_warps": 4, "fwd_mt": 1, "fwd_bn": 64, "bwd_warps": 4, "defines": {}}
+_BWD_BM, _DELTA_THREADS = 32, 128
 _LOG2E = 1.4426950408889634
 
 
@@ -36,8 +37,8 @@ def _setup(q, k, v, cu_seqlens, kernel_name: str):
     require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
     require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
     require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
-    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D, "FWD_WARPS": CONFIG["fwd_warps"],
-               "BWD_WARPS": CONFIG["bwd_warps"], **CONFIG["defines"]}
+    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D, "FWD_WARPS": CONFIG["fwd_warps"], "FWD_MT": CONFIG["fwd_mt"],
+               "FWD_BN_KEYS": CONFIG["fwd_bn"], "BWD_WARPS": CONFIG["bwd_warps"], **CONFIG["defines"]}
     cu = contiguous(cu_seqlens.astype(np.int32, copy=False))
     return load_kernel("flash_attention.cu", kernel_name, defines), defines, cu, cu.shape[0] - 1
 
@@ -63,8 +64,8 @@ def attention(q, k, v, cu_seqlens, scale):
     o = cupy.empty((T, H, D), q.dtype)
     lse = cupy.empty((H, T), np.float32)
     if T:
-        block_m = 16 * CONFIG["fwd_warps"]
-        smem = _smem(kernel, (block_m + 4 * _FWD_BN) * (D + 8) * q.dtype.itemsize)
+        block_m = 16 * CONFIG["fwd_mt"] * CONFIG["fwd_warps"]
+        smem = _smem(kernel, (block_m + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
         kernel((-(-T // block_m) + num_seqs, H), (32 * CONFIG["fwd_warps"],),
                (o, lse, q, k, v, cu, np.int32(num_seqs), np.int32(H), np.int32(k.shape[1]), *_strides(q, k, v),
                 np.int32(T), np.float32(scale * _LOG2E)), shared_mem=smem)

@@ -8,9 +8,9 @@
 //          of 8 elements), heads and dims dense; o, dout (T, H, D) dense; lse, delta (H, T) fp32;
 //          dq_accum (T, H, D) fp32, zeroed by the caller, filled with atomicAdd; dk, dv (T, K, D) dense.
 //          cu_seqlens (S + 1,) int32. D = HEAD_DIM (64 or 128, compile-time).
-// Launch:  forward: FWD_WARPS warps, each owns 16 query rows (FWD_BM = 16 FWD_WARPS per block); grid (tiles, H)
+// Launch:  forward: FWD_WARPS warps, each owns 16 FWD_MT query rows (FWD_BM = 16 FWD_MT FWD_WARPS per block); grid (tiles, H)
 //          with tiles >= sum_s ceil(L_s / FWD_BM) (the launcher uses ceil(T / FWD_BM) + S); block b finds its
-//          (sequence, q tile) by walking cu_seqlens; K/V tiles of 64 keys double-buffered in shared memory by
+//          (sequence, q tile) by walking cu_seqlens; K/V tiles of FWD_BN_KEYS keys double-buffered in shared memory by
 //          cp.async; online softmax in base 2.
 //          backward: BWD_WARPS warps, each owns 16 keys; grid (key tiles, K) likewise; the block loops
 //          over the group's query heads and over the 32-query tiles that can see its keys, keeping dK, dV in
@@ -26,11 +26,18 @@ constexpr int LD = D + 8;  // shared-memory row pitch in elements: 16 bytes of p
 #ifndef FWD_WARPS
 #define FWD_WARPS 4
 #endif
+#ifndef FWD_MT
+#define FWD_MT 1
+#endif
+#ifndef FWD_BN_KEYS
+#define FWD_BN_KEYS 64
+#endif
 #ifndef BWD_WARPS
 #define BWD_WARPS 4
 #endif
 constexpr int FWD_THREADS = 32 * FWD_WARPS, BWD_THREADS = 32 * BWD_WARPS;
-constexpr int FWD_BM = 16 * FWD_WARPS, FWD_BN = 64;  // forward: query rows (16 per warp) and keys per tile
+constexpr int MT = FWD_MT;                                // forward: m16 row tiles per warp
+constexpr int FWD_BM = 16 * MT * FWD_WARPS, FWD_BN = FWD_BN_KEYS;  // forward: query rows, keys per tile
 constexpr int BWD_BN = 16 * BWD_WARPS, BWD_BM = 32;  // backward: keys per block (16 per warp), queries per step
 constexpr int DQ_COLS = D / (BWD_WARPS / 2);         // dQ columns per warp (warps split 2 x BWD_WARPS / 2)
 constexpr int LDS = BWD_BM + 8;          // pitch of the dS^T tile
@@ -59,6 +66,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+// dst[0..4) += v, one vector reduction on sm_90 (16-byte aligned dst).
+__device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    atomicAdd(dst, v.x);
+    atomicAdd(dst + 1, v.y);
+    atomicAdd(dst + 2, v.z);
+    atomicAdd(dst + 3, v.w);
+#endif
 }
 
 // ROWS x D tile of rows row0.. (sequence-local) of a strided matrix into shared memory; rows >= len are zeros.
@@ -97,12 +117,19 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     load_tile<FWD_BN, FWD_THREADS>(sV, vb, v_stride, 0, len);
     cp_async_commit();
 
-    unsigned qf[D / 16][4];
-    float acc[D / 8][4];
+    // Warp w owns query rows w * 16 MT .. + 16 MT of the tile (MT m16 tiles): every K/V fragment read from
+    // shared memory feeds MT x 2 mma. Thread rows: row0 + 16 m + g and + 8 (m < MT).
+    float acc[MT][D / 8][4];
+    float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.0f, 0.0f};
-    const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a and row_a + 8
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
+        row_max[m][0] = row_max[m][1] = NEG_INF;
+        row_sum[m][0] = row_sum[m][1] = 0.0f;
+    }
+    const int wrow = warp * 16 * MT;  // first tile row of this warp
+    const int row_a = q0 + wrow + g;
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j & 1;
@@ -113,100 +140,118 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
-        }
         const scalar_t* sKs = sK + stage * FWD_BN * LD;
         const scalar_t* sVs = sV + stage * FWD_BN * LD;
-        float s[FWD_BN / 8][4];
+        float s[MT][FWD_BN / 8][4];
 #pragma unroll
-        for (int i = 0; i < FWD_BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int i = 0; i < FWD_BN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned qf[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                ldmatrix_x4(qf[m], sQ + (wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
 #pragma unroll
             for (int p = 0; p < FWD_BN / 16; ++p) {
                 unsigned b[4];
                 ldmatrix_x4(b, sKs + (p * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
-                mma(s[2 * p], qf[kk], b, scalar_t());
-                mma(s[2 * p + 1], qf[kk], b + 2, scalar_t());
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    mma(s[m][2 * p], qf[m], b, scalar_t());
+                    mma(s[m][2 * p + 1], qf[m], b + 2, scalar_t());
+                }
             }
         }
         const int kv0 = j * FWD_BN;
-        const bool masked = kv0 + FWD_BN - 1 > q0 || kv0 + FWD_BN > len;
-        float tile_max[2] = {NEG_INF, NEG_INF};
+        const bool masked = kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len;
 #pragma unroll
-        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+        for (int m = 0; m < MT; ++m) {
+            float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * scale_log2;
-                if (masked) {
-                    const int key = kv0 + nt * 8 + 2 * t + (e & 1);
-                    if (key > row_a + 8 * (e >> 1) || key >= len) x = NEG_INF;
+            for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[m][nt][e] * scale_log2;
+                    if (masked) {
+                        const int key = kv0 + nt * 8 + 2 * t + (e & 1);
+                        if (key > row_a + 16 * m + 8 * (e >> 1) || key >= len) x = NEG_INF;
+                    }
+                    s[m][nt][e] = x;
+                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
                 }
-                s[nt][e] = x;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
             }
-        }
-        float rescale[2];
+            float rescale[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-            const float m_new = fmaxf(row_max[r], tile_max[r]);
-            const float m_use = m_new == NEG_INF ? 0.0f : m_new;
-            rescale[r] = fast_exp2(row_max[r] - m_use);
-            row_max[r] = m_new;
-            row_sum[r] *= rescale[r];
-            tile_max[r] = m_use;
-        }
-#pragma unroll
-        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = fast_exp2(s[nt][e] - tile_max[e >> 1]);
-                row_sum[e >> 1] += s[nt][e];
+            for (int r = 0; r < 2; ++r) {
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+                const float m_new = fmaxf(row_max[m][r], tile_max[r]);
+                const float m_use = m_new == NEG_INF ? 0.0f : m_new;
+                rescale[r] = fast_exp2(row_max[m][r] - m_use);
+                row_max[m][r] = m_new;
+                row_sum[m][r] *= rescale[r];
+                tile_max[r] = m_use;
             }
-        }
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            acc[i][0] *= rescale[0];
-            acc[i][1] *= rescale[0];
-            acc[i][2] *= rescale[1];
-            acc[i][3] *= rescale[1];
+            for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[m][nt][e] = fast_exp2(s[m][nt][e] - tile_max[e >> 1]);
+                    row_sum[m][e >> 1] += s[m][nt][e];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) {
+                acc[m][i][0] *= rescale[0];
+                acc[m][i][1] *= rescale[0];
+                acc[m][i][2] *= rescale[1];
+                acc[m][i][3] *= rescale[1];
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < FWD_BN / 16; ++kk) {
-            const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1], scalar_t()),
-                                   pack2(s[2 * kk][2], s[2 * kk][3], scalar_t()),
-                                   pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], scalar_t()),
-                                   pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], scalar_t())};
+            unsigned a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                a[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1], scalar_t());
+                a[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3], scalar_t());
+                a[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1], scalar_t());
+                a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3], scalar_t());
+            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned b[4];
                 ldmatrix_x4_trans(b, sVs + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dp * 16 + 8 * (lane >> 4));
-                mma(acc[2 * dp], a, b, scalar_t());
-                mma(acc[2 * dp + 1], a, b + 2, scalar_t());
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    mma(acc[m][2 * dp], a[m], b, scalar_t());
+                    mma(acc[m][2 * dp + 1], a[m], b + 2, scalar_t());
+                }
             }
         }
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-        const int row = row_a + 8 * r;
-        if (row >= len) continue;
-        const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-        scalar_t* orow = o + ((long long)(start + row) * num_heads + h) * D;
+    for (int m = 0; m < MT; ++m) {
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
-                pack2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv, scalar_t());
+        for (int r = 0; r < 2; ++r) {
+            float sum = row_sum[m][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = row_a + 16 * m + 8 * r;
+            if (row >= len) continue;
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            scalar_t* orow = o + ((long long)(start + row) * num_heads + h) * D;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
+                    pack2(acc[m][nt][2 * r] * inv, acc[m][nt][2 * r + 1] * inv, scalar_t());
+            }
+            if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[m][r] + log2f(sum)) * LN2;
         }
-        if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[r] + log2f(row_sum[r])) * LN2;
     }
 }
 
@@ -368,16 +413,18 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
                 }
             }
 #ifndef SKIP_DQ_ATOMICS  // defined only by the benchmark, to time the rest of the kernel
+            // Quad neighbours swap half their values so that each thread holds 4 consecutive columns of one
+            // row (even t: row g, odd t: row g + 8): one 16-byte atomic add instead of four.
+            const bool odd = t & 1;
+            const int qq = qs + qrow0 + g + (odd ? 8 : 0);
+            float* dst = dq_accum + ((long long)(start + qq) * num_heads + h) * D + dcol0 + 2 * (t & ~1);
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int qq = qs + qrow0 + g + 8 * r;
-                if (qq >= len) continue;
-                float* dst = dq_accum + ((long long)(start + qq) * num_heads + h) * D + dcol0 + 2 * t;
-#pragma unroll
-                for (int nt = 0; nt < DQ_COLS / 8; ++nt) {
-                    atomicAdd(dst + nt * 8, dq[nt][2 * r] * scale);
-                    atomicAdd(dst + nt * 8 + 1, dq[nt][2 * r + 1] * scale);
-                }
+            for (int nt = 0; nt < DQ_COLS / 8; ++nt) {
+                const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[nt][0] : dq[nt][2], 1);
+                const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[nt][1] : dq[nt][3], 1);
+                const float4 val = odd ? make_float4(r0 * scale, r1 * scale, dq[nt][2] * scale, dq[nt][3] * scale)
+                                       : make_float4(dq[nt][0] * scale, dq[nt][1] * scale, r0 * scale, r1 * scale);
+                if (qq < len) atomic_add4(dst + nt * 8, val);
             }
 #endif
             __syncthreads();  // sQ, sdO, sdS are refilled next
