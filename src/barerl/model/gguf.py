@@ -156,6 +156,7 @@ class GGUFModel:
         for name, shape, ggml_type, rel_offset in entries:
             self.tensor_infos[name] = self._locate(name, shape, ggml_type, rel_offset, data_start, alignment)
         self.config = self._build_config()
+        self._hf_to_gguf = self._match_tensors(self.config)
         self.tokenizer_spec = _tokenizer_spec(self.metadata, path)
         self.tensors = HFTensors(self)
 
@@ -253,7 +254,6 @@ class GGUFModel:
         for name in ("bos", "eos", "pad", "unk"):
             key = {"unk": "unknown", "pad": "padding"}.get(name, name)
             config[f"{name}_token_id"] = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
-        self._check_tensors(config)
         return config
 
     def _embedding_rows(self) -> int:
@@ -280,8 +280,9 @@ class GGUFModel:
             raise GGUFError(f"{self.path}: tensor '{ROPE_FREQS}' does not match Llama 3 rope scaling (unsupported)")
         return scaling
 
-    def _check_tensors(self, config: dict[str, Any]) -> None:
-        """Every parameter the config implies is in the file with the right shape, and nothing unknown is."""
+    def _match_tensors(self, config: dict[str, Any]) -> dict[str, str]:
+        """HF name -> GGUF name, after checking that every parameter the config implies is in the file with the
+        right shape, and that nothing unknown is."""
         cfg = ModelConfig.from_dict(config, source=self.path)
         expected = dict(parameter_shapes(cfg))
         found = {}
@@ -303,7 +304,7 @@ class GGUFModel:
         extra = sorted(set(found) - set(expected))
         if extra:
             raise GGUFError(f"{self.path}: tensor '{found[extra[0]]}' does not fit the metadata's model ({extra[0]})")
-        self._hf_to_gguf = {hf: found[hf] for hf in expected}
+        return {hf: found[hf] for hf in expected}
 
 
 class HFTensors(Mapping):
@@ -333,6 +334,10 @@ class HFTensors(Mapping):
 def _tokenizer_spec(meta: dict[str, Any], path: str) -> GGUFTokenizerSpec | None:
     if "tokenizer.ggml.tokens" not in meta:
         return None
+    for key, kind in (("tokens", str), ("merges", str), ("token_type", int)):
+        value = meta.get(f"tokenizer.ggml.{key}", [])
+        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.{key}' must be a list of {kind.__name__}")
     get = meta.get
     return GGUFTokenizerSpec(
         model=get("tokenizer.ggml.model", "gpt2"),
