@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from barerl.tokenizer.chat_template import ChatTemplateError, render_chat
 from barerl.tokenizer.from_gguf import build_backend, template_processor
+
+if TYPE_CHECKING:
+    from barerl.model.gguf import GGUFModel
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # transformers' per-class defaults for special tokens that tokenizer_config.json leaves out (not for explicit nulls)
@@ -42,6 +45,13 @@ class TokenizerError(ValueError):
 
 
 class Tokenizer:
+    """Encode/decode text, render chat prompts, know the special tokens.
+
+    backend: the `tokenizers.Tokenizer` (modified in place: named special tokens get registered);
+    special_tokens: {"bos_token": ..., "eos_token": ..., "unk_token": ..., "pad_token": ...} (strings or None);
+    add_bos_token / add_eos_token: when either is given, the post-processor is rebuilt to add exactly those.
+    """
+
     def __init__(
         self,
         backend: Backend,
@@ -102,7 +112,7 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_gguf(cls, model) -> Tokenizer:
+    def from_gguf(cls, model: GGUFModel) -> Tokenizer:
         """From a `barerl.model.gguf.GGUFModel` (its vocabulary, merges, special ids and chat template)."""
         spec = model.tokenizer_spec
         if spec is None:
