@@ -1,10 +1,10 @@
 """Engine test helpers: a mock model that reads everything back from the paged cache, a tiny tokenizer, and
-a naive one-sequence-at-a-time generator as the oracle for the engine's batching, paging and forking."""
+a naive one-sequence-at-a-time generator as the oracle for the engine's batching, paging and forking.
+Imported by the tests (`from engine_helpers import ...`), like tests/kernels/kernel_harness.py."""
 
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from barerl.backend import ref
 from barerl.engine.sampling_params import derive_seed
@@ -69,11 +69,6 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join("" if (i == 0 and skip_special_tokens) else self.VOCAB[i] for i in ids)
-
-
-@pytest.fixture
-def char_tokenizer():
-    return CharTokenizer()
 
 
 def scripted_model(tokenizer, pieces, prompt_len, **kwargs):

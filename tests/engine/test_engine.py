@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import PagedMockModel, naive_generate
+from engine_helpers import PagedMockModel, naive_generate
 
 from barerl import LLM, SamplingParams
 

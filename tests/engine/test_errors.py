@@ -2,7 +2,7 @@
 the rest of a batch is unaffected: the same call without the bad request gives what it would have given."""
 
 import pytest
-from conftest import CharTokenizer, PagedMockModel
+from engine_helpers import CharTokenizer, PagedMockModel
 
 from barerl import LLM, SamplingParams
 

@@ -2,7 +2,7 @@
 kept with include_stop_str_in_output), min_tokens, ignore_eos, max_tokens, max_model_len, streaming."""
 
 import pytest
-from conftest import CharTokenizer, scripted_model
+from engine_helpers import CharTokenizer, scripted_model
 
 from barerl import LLM, SamplingParams
 
