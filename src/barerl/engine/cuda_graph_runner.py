@@ -1,0 +1,163 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket; every other step runs eagerly.
+
+A decode step (one new token and one sample per sequence, no banned tokens) is ~30 small launches per layer:
+launched from Python they cost more than the GPU work. `CudaGraphRunner` captures `forward_paged` + `sample`
+once per bucket (1, 2, 4, 8, then multiples of 16 up to max_num_seqs) and replays the graph of the smallest
+bucket that holds the batch. Design decisions:
+- Static inputs: one set of device buffers sized for the largest bucket; a bucket's graph reads their first
+  rows. Each step copies its host arrays into them (four copies from pinned memory, the block table as a 2D
+  copy of only the columns in use) and pads the rows past the batch: slot -1 (nothing is written to the
+  cache), context length 1 (attends to block 0's first row, whatever it holds), greedy sampling.
+- The block table keeps max_model_len / block_size columns, so `paged_attention` picks its split count from
+  shapes alone and one graph serves every context length.
+- Capture allocates from a private memory pool: the temporaries a graph reuses on every replay can never be
+  handed to arrays outside the graphs. Graphs of different buckets share that pool (never run together).
+- Rope tables are built for max_model_len before capture (`forward_paged(max_position=...)` then never syncs
+  or reallocates them). The weights are read in place: optimizer updates reach the next replay. Releasing the
+  KV cache (sleep) drops the graphs and their pool; the next decode step after wake captures again.
+- Everything runs on one non-blocking stream, synchronised with the host at the end of each step by the
+  copy of the sampled tokens (as the eager path is by its own copy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from barerl.engine.model_runner import ModelRunner, StepInputs
+
+_INT_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "top_k")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+_PAD = {"input_ids": 0, "positions": 0, "context_lens": 1, "slot_mapping": -1, "top_k": 0,
+        "temperature": 0.0, "top_p": 1.0, "min_p": 0.0}
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """Graph batch sizes: 1, 2, 4, 8, 16, 32, 48, ... and max_num_seqs itself."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class _StaticInputs:
+    """Device buffers the graphs read, their pinned host mirrors, and the copy of one step into them."""
+
+    def __init__(self, max_batch: int, max_blocks: int):
+        import cupy
+        import cupyx
+
+        self.max_batch, self.max_blocks = max_batch, max_blocks
+        self.host_int = cupyx.zeros_pinned((len(_INT_FIELDS), max_batch), np.int32)
+        self.host_float = cupyx.zeros_pinned((len(_FLOAT_FIELDS), max_batch), np.float32)
+        self.host_rng = cupyx.zeros_pinned((2, max_batch), np.uint64)  # seeds, counters (as int64 bits)
+        self.ints = cupy.zeros((len(_INT_FIELDS), max_batch), np.int32)
+        self.floats = cupy.zeros((len(_FLOAT_FIELDS), max_batch), np.float32)
+        self.rng = cupy.zeros((2, max_batch), np.uint64)
+        self.block_tables = cupy.zeros((max_batch, max_blocks), np.int32)
+        self.cu_seqlens_q = cupy.arange(max_batch + 1, dtype=np.int32)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every row padding (writes nothing to the cache): what a warm-up or capture may run on."""
+        for i, name in enumerate(_INT_FIELDS):
+            self.host_int[i] = _PAD[name]
+        for i, name in enumerate(_FLOAT_FIELDS):
+            self.host_float[i] = _PAD[name]
+        self.block_tables.fill(0)
+        self.upload(0, 0, None)
+
+    def views(self, batch: int) -> dict:
+        """The arguments of forward_paged / sample for a graph of `batch` rows (views of the buffers)."""
+        v = {name: self.ints[i, :batch] for i, name in enumerate(_INT_FIELDS)}
+        v.update({name: self.floats[i, :batch] for i, name in enumerate(_FLOAT_FIELDS)})
+        v.update(seeds=self.rng[0, :batch], counters=self.rng[1, :batch].view(np.int64),
+                 block_tables=self.block_tables[:batch], cu_seqlens_q=self.cu_seqlens_q[:batch + 1])
+        return v
+
+    def fill(self, inputs: StepInputs, batch: int) -> None:
+        """Copy a step of n <= batch sequences into the buffers; rows n..batch get the padding values."""
+        n = len(inputs.input_ids)
+        for i, name in enumerate(_INT_FIELDS):
+            self.host_int[i, :n] = getattr(inputs, name)
+            self.host_int[i, n:batch] = _PAD[name]
+        for i, name in enumerate(_FLOAT_FIELDS):
+            self.host_float[i, :n] = getattr(inputs, name)
+            self.host_float[i, n:batch] = _PAD[name]
+        self.host_rng[0, :n] = inputs.seeds
+        self.host_rng[1, :n] = inputs.counters.view(np.uint64)
+        self.upload(n, inputs.block_tables.shape[1], np.maximum(inputs.block_tables, 0))
+
+    def upload(self, rows: int, cols: int, tables) -> None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        for device, host in ((self.ints, self.host_int), (self.floats, self.host_float), (self.rng, self.host_rng)):
+            device.set(host, stream=stream)
+        if rows and cols:  # only the block-table columns in use; the graphs never read past a context
+            tables = np.ascontiguousarray(tables, dtype=np.int32)
+            cupy.cuda.runtime.memcpy2DAsync(
+                self.block_tables.data.ptr, self.max_blocks * 4, tables.ctypes.data, cols * 4, cols * 4, rows,
+                cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+
+
+class CudaGraphRunner(ModelRunner):
+    """ModelRunner whose decode-only steps replay CUDA graphs (module docstring). Same interface."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int):
+        import cupy
+
+        super().__init__(model, num_blocks, block_size)
+        self.buckets = batch_buckets(max_num_seqs)
+        self.max_model_len = max_model_len
+        self.static = _StaticInputs(self.buckets[-1], -(-max_model_len // block_size))
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.graphs: dict[int, tuple] = {}  # batch -> (graph, tokens, logprobs)
+        self._pool = None
+        self._captured_cache = None
+        model._ensure_rope(max_model_len)  # before capture, with the default allocator: graphs read these
+
+    def free_kv_cache(self) -> None:
+        self.graphs, self._captured_cache = {}, None
+        if self._pool is not None:
+            self._pool.free_all_blocks()
+            self._pool = None
+        super().free_kv_cache()
+
+    def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        n = len(inputs.input_ids)
+        if not inputs.is_decode_only or len(inputs.banned_rows) or n > self.buckets[-1] or self.kv_cache is None:
+            return super().execute(inputs)
+        if self._captured_cache is not self.kv_cache:
+            self.capture()
+        batch = next(b for b in self.buckets if b >= n)
+        graph, tokens, logprobs = self.graphs[batch]
+        with self.stream:
+            self.static.fill(inputs, batch)
+            self.copy_blocks(inputs.copy_src, inputs.copy_dst)
+            graph.launch(self.stream)
+            return tokens[:n].get(), logprobs[:n].get()
+
+    def capture(self) -> None:
+        """Capture one graph per bucket, largest first (its temporaries then fit the smaller ones)."""
+        import cupy
+
+        self.graphs = {}
+        self._pool = cupy.cuda.MemoryPool()
+        cupy.cuda.Device().synchronize()  # the eager path's work (legacy stream) is done before ours starts
+        with self.stream, cupy.cuda.using_allocator(self._pool.malloc):
+            self.static.reset()
+            for batch in reversed(self.buckets):
+                self._decode(batch)  # warm-up: compiles kernels, fills the pool on this stream
+                self.stream.synchronize()
+                self.stream.begin_capture()
+                tokens, logprobs = self._decode(batch)
+                self.graphs[batch] = (self.stream.end_capture(), tokens, logprobs)
+        self._captured_cache = self.kv_cache
+
+    def _decode(self, batch: int):
+        """forward_paged + sample on the static buffers' first `batch` rows (what the graphs hold)."""
+        v = self.static.views(batch)
+        logits = self.model.forward_paged(
+            v["input_ids"], v["positions"], v["cu_seqlens_q"], v["context_lens"], v["block_tables"],
+            v["slot_mapping"], self.kv_cache, max_position=self.max_model_len - 1,
+        )
+        return self.model.backend.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
+                                         v["seeds"], v["counters"])
