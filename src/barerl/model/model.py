@@ -107,17 +107,14 @@ class Model:
     def random(cls, cfg: ModelConfig, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> Model:
         """Hugging Face-style init: normal(0, 0.02) matrices, unit norms, zero biases."""
         rng = np.random.default_rng(seed)
-        xp = _xp_for(device)
-        params = ParameterBuffer.zeros(cfg, xp, resolve_dtype(dtype))
+        host = ParameterBuffer.zeros(cfg, np, resolve_dtype(dtype))  # filled on the host, moved once
         for name, shape in parameter_shapes(cfg):
             if name.endswith("norm.weight"):
-                value = np.ones(shape, np.float32)
-            elif name.endswith(".bias"):
-                value = np.zeros(shape, np.float32)
-            else:
-                value = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
-            params[name][...] = xp.asarray(value.astype(params.flat.dtype))
-        return cls(cfg, params, device)
+                host[name][...] = 1.0
+            elif not name.endswith(".bias"):
+                host[name][...] = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+        flat = host.flat if device == "cpu" else _xp_for(device).asarray(host.flat)
+        return cls(cfg, ParameterBuffer(cfg, flat), device)
 
     def _ensure_rope(self, num_positions: int) -> None:
         if num_positions <= self._rope_positions:

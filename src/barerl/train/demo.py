@@ -37,7 +37,7 @@ class DemoSize:
 
 
 SIZES = {
-    "cpu": DemoSize(hidden=128, layers=2, sft_steps=220, sft_batch=64, grpo_steps=40, prompts_per_step=16),
+    "cpu": DemoSize(hidden=128, layers=2, sft_steps=300, sft_batch=64, grpo_steps=60, prompts_per_step=64),
     "cuda": DemoSize(hidden=512, layers=6, sft_steps=300, sft_batch=128, grpo_steps=60, prompts_per_step=32),
 }
 
