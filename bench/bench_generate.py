@@ -1,0 +1,152 @@
+"""Workloads G1 and G2 (shared/WORKLOADS.md): generation on the Qwen3-0.6B architecture, random bf16 weights.
+
+G1: 8 prompts x 8 samples (64 sequences), 128-token prompts, 1,024 new tokens each; G2: 256 prompts x 1
+sample, 128-token prompts, 512 new tokens. Temperature 1, ignore EOS, so every sequence runs to its length.
+barerl's engine (decode replayed from CUDA graphs) and transformers' `generate` (the peer, warmed up with a
+call of the same shape first) run in the same process on the same GPU. Prints new tokens/s, ms per decode
+step, peak GPU memory, the fraction of the HBM-bandwidth bound reached (weights + live KV read once per step
+over the device-to-device copy bandwidth measured here) and barerl / transformers; writes the rows as CSV.
+
+    PYTHONPATH=src python bench/bench_generate.py [--workloads G1 G2] [--quick] [--no-peer] [--csv FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+
+import numpy as np
+from bench_train_step import QWEN3_06B
+
+PROMPT_LEN = 128
+WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 1 GiB device-to-device copy (median of 10)."""
+    import cupy
+
+    a = cupy.ones(1 << 30, np.uint8)
+    b = cupy.empty_like(a)
+    times = []
+    for _ in range(11):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        b[...] = a
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * a.nbytes / float(np.median(times[1:]))
+
+
+def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: float) -> float:
+    """Time to read all weights and every live token's K and V once per decode step, at `bandwidth`."""
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    context_tokens = seqs * (new_tokens * PROMPT_LEN + new_tokens * (new_tokens - 1) / 2)
+    return (new_tokens * num_params * 2 + context_tokens * kv_per_token) / bandwidth
+
+
+def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int) -> dict:
+    import cupy
+
+    from barerl.config import ModelConfig
+    from barerl.engine.cuda_graph_runner import CudaGraphRunner
+    from barerl.engine.llm import LLM
+    from barerl.engine.sampling_params import SamplingParams
+    from barerl.model.model import Model
+
+    cfg = ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape")
+    model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
+    seqs = len(prompts) * samples
+    llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6)
+    if not isinstance(llm.runner, CudaGraphRunner):  # the engine may already pick it on the GPU
+        eager = llm.runner
+        eager.free_kv_cache()
+        llm.runner = CudaGraphRunner(model, eager.num_blocks, eager.block_size, seqs, llm.max_model_len)
+    params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
+    warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
+    llm.generate(prompts, warm, use_tqdm=False)  # compiles kernels, captures the graphs
+    cupy.cuda.Device().synchronize()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    free, total = cupy.cuda.runtime.memGetInfo()
+    generated = sum(len(o.token_ids) for r in outputs for o in r.outputs)
+    result = {"system": "barerl", "seconds": seconds, "new_tokens": generated, "peak_gib": (total - free) / 2**30,
+              "stats": dict(llm.stats), "cfg": cfg, "num_params": cfg.num_parameters()}
+    del llm, model, outputs
+    cupy.get_default_memory_pool().free_all_blocks()
+    return result
+
+
+def bench_transformers(prompts: list[list[int]], samples: int, new_tokens: int) -> dict:
+    import torch
+    import transformers
+
+    config = transformers.Qwen3Config(**{k: v for k, v in QWEN3_06B.items() if k != "architectures"})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    ids = torch.tensor(prompts, device="cuda").repeat_interleave(samples, dim=0)
+
+    def generate(model):
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                  top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  pad_token_id=0)
+
+    generate(model)  # same shape first: a cold allocator makes the first call 2-3x slower (GPU_FACTS.md)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    out = generate(model)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    result = {"system": "transformers", "seconds": seconds, "new_tokens": (out.shape[1] - ids.shape[1]) * len(ids),
+              "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model, out
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="128 new tokens per sequence: a fast check")
+    parser.add_argument("--no-peer", action="store_true", help="skip transformers")
+    parser.add_argument("--csv", default="bench_generate.csv")
+    args = parser.parse_args()
+
+    bandwidth = copy_bandwidth()
+    print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s")
+    rows = []
+    for name in args.workloads:
+        num_prompts, samples, new_tokens = WORKLOADS[name]
+        new_tokens = 128 if args.quick else new_tokens
+        prompts = np.random.default_rng(0).integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
+        ours = bench_barerl(prompts, samples, new_tokens)
+        bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)
+        print(f"{name} barerl engine stats: {ours['stats']}")
+        results = [ours] + ([] if args.no_peer else [bench_transformers(prompts, samples, new_tokens)])
+        for r in results:
+            rows.append({"workload": name, "system": r["system"], "new_tok_s": r["new_tokens"] / r["seconds"],
+                         "ms_per_step": 1e3 * r["seconds"] / new_tokens, "peak_gib": r["peak_gib"],
+                         "of_hbm_bound": bound / r["seconds"], "seconds": r["seconds"]})
+        if not args.no_peer:
+            rows[-2]["ratio_vs_transformers"] = rows[-2]["new_tok_s"] / rows[-1]["new_tok_s"]
+
+    print(f"\n{'workload':8s} {'system':13s} {'new tok/s':>10s} {'ms/step':>8s} {'peak GiB':>9s} "
+          f"{'% HBM bound':>12s} {'x transformers':>15s}")
+    for r in rows:
+        ratio = f"{r['ratio_vs_transformers']:.1f}x" if "ratio_vs_transformers" in r else ""
+        print(f"{r['workload']:8s} {r['system']:13s} {r['new_tok_s']:10.0f} {r['ms_per_step']:8.2f} "
+              f"{r['peak_gib']:9.1f} {100 * r['of_hbm_bound']:11.1f}% {ratio:>15s}")
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["workload", "system", "new_tok_s", "ms_per_step", "peak_gib",
+                                               "of_hbm_bound", "seconds", "ratio_vs_transformers"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
