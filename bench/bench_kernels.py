@@ -3,7 +3,8 @@
 Measures the two ceilings first (a large device-to-device copy, counting bytes read + written; a bf16
 8192^3 cuBLAS product), then times each op at the shapes of the T1 workload (Qwen3-0.6B, one micro-batch of
 16 x 1152 tokens) with CUDA events (median of repeats after warm-up, fresh random inputs, never zeros), and
-prints achieved GB/s or TFLOP/s and the fraction of the ceiling. Bytes counted are the fewest each op must
+prints achieved GB/s or TFLOP/s and the fraction of the ceiling. Each op is timed twice: replayed from a
+CUDA graph (device time, what the rates use) and called eagerly from Python (adds the launchers' host cost). Bytes counted are the fewest each op must
 move (inputs read once, outputs written once); FLOPs are the useful ones (causal attention: half the square).
 
 usage: PYTHONPATH=src python bench/bench_kernels.py [--csv out.csv] [--only substring]
@@ -22,21 +23,43 @@ T, C, I, V = 16 * 1152, 1024, 3072, 151936  # tokens of one micro-batch, hidden,
 H, K, D = 16, 8, 128
 
 
-def timed(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of fn() measured with CUDA events."""
+def timed(fn, reps: int = 20, warmup: int = 3, stream=None) -> float:
+    """Median milliseconds of fn() measured with CUDA events on `stream` (default: the current one)."""
     import cupy
 
-    for _ in range(warmup):
-        fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
+    stream = stream or cupy.cuda.get_current_stream()
+    with stream:
+        for _ in range(warmup):
+            fn()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(reps):
+            start.record(stream)
+            fn()
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end))
     return float(np.median(times))
+
+
+def graph_timed(fn) -> float | None:
+    """Median ms of a CUDA-graph replay of fn(): device time without Python launch overhead (None when fn
+    cannot be captured, e.g. it reads a result back to the host)."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            fn()  # the memory pool caches this stream's blocks, so the capture allocates nothing new
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = stream.end_capture()
+    except Exception:  # noqa: BLE001 - any capture failure means: report the eager time only
+        return None
+    return timed(lambda: graph.launch(stream), stream=stream)
 
 
 def rand(shape, dtype=BF16, scale=1.0):
@@ -171,13 +194,16 @@ def main() -> None:
     for name, shape, fn, nbytes, flops in cases():
         if args.only not in name:
             continue
-        ms = timed(fn)
+        eager_ms = timed(fn)
+        graph_ms = graph_timed(fn)
+        ms = graph_ms or eager_ms
         if flops:
             rate, unit, frac = flops / ms / 1e9, "TFLOP/s", flops / ms / 1e9 / gemm_tflops
         else:
             rate, unit, frac = nbytes / ms / 1e6, "GB/s", nbytes / ms / 1e6 / copy_gbs
-        rows.append((name, shape, f"{ms:.3f}", f"{rate:.1f}", unit, f"{100 * frac:.0f}%"))
-    header = ("op", "shape", "ms", "rate", "unit", "of ceiling")
+        graph_text = f"{graph_ms:.3f}" if graph_ms else "-"
+        rows.append((name, shape, graph_text, f"{eager_ms:.3f}", f"{rate:.1f}", unit, f"{100 * frac:.0f}%"))
+    header = ("op", "shape", "ms graph", "ms eager", "rate", "unit", "of ceiling")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))

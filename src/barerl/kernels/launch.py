@@ -44,7 +44,14 @@ def finish_accumulation(dw, acc) -> None:
         dw[...] = (dw.astype(np.float32) + acc).astype(dw.dtype)
 
 
+_multiprocessors: dict[int, int] = {}
+
+
 def multiprocessors() -> int:
+    """SM count of the current device, cached: `Device().attributes` queries every attribute (tens of us)."""
     import cupy
 
-    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+    device = cupy.cuda.runtime.getDevice()
+    if device not in _multiprocessors:
+        _multiprocessors[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return _multiprocessors[device]

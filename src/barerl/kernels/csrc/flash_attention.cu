@@ -118,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     cp_async_commit();
 
     // Warp w owns query rows w * 16 MT .. + 16 MT of the tile (MT m16 tiles): every K/V fragment read from
-    // shared memory feeds MT x 2 mma. Thread rows: row0 + 16 m + g and + 8 (m < MT).
+    // shared memory feeds MT x 2 mma. Thread rows: row_a + 16 m and + 8 (m < MT). With MT = 1 the Q fragments
+    // stay in registers; with MT = 2 there is no room, and they are re-read from shared memory per tile.
     float acc[MT][D / 8][4];
     float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
@@ -129,6 +130,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         row_sum[m][0] = row_sum[m][1] = 0.0f;
     }
     const int wrow = warp * 16 * MT;  // first tile row of this warp
+    unsigned q_regs[MT == 1 ? D / 16 : 1][4];  // MT = 1: Q's A fragments, held for the whole loop
     const int row_a = q0 + wrow + g;
 
     for (int j = 0; j < num_tiles; ++j) {
@@ -140,6 +142,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        if (MT == 1 && j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                ldmatrix_x4(q_regs[kk], sQ + (wrow + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+        }
         const scalar_t* sKs = sK + stage * FWD_BN * LD;
         const scalar_t* sVs = sV + stage * FWD_BN * LD;
         float s[MT][FWD_BN / 8][4];
@@ -150,9 +157,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned qf[MT][4];
+            if constexpr (MT == 1) {  // registers allow: Q's fragments were loaded once, at the first tile
 #pragma unroll
-            for (int m = 0; m < MT; ++m)
-                ldmatrix_x4(qf[m], sQ + (wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+                for (int i = 0; i < 4; ++i) qf[0][i] = q_regs[kk][i];
+            } else {
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+                    ldmatrix_x4(qf[m], sQ + (wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+            }
 #pragma unroll
             for (int p = 0; p < FWD_BN / 16; ++p) {
                 unsigned b[4];
