@@ -55,6 +55,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # default: as many as the memory budget holds
+    enforce_eager: bool = False  # on the GPU: no CUDA graphs for decode steps
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,11 +94,19 @@ class LLM:
             self.block_manager, cfg.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
             cfg.enable_chunked_prefill,
         )
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size)
+        self.runner = self._make_runner(num_blocks)
         self._rng = np.random.default_rng(cfg.seed)
         self._num_requests = 0
         self.asleep = False
         self.stats: dict[str, float] = {}  # of the last generate/chat call
+
+    def _make_runner(self, num_blocks: int) -> ModelRunner:
+        cfg = self.config
+        if self.model.device != "cuda" or cfg.enforce_eager:
+            return ModelRunner(self.model, num_blocks, cfg.block_size)
+        from barerl.engine.cuda_graph_runner import CudaGraphRunner
+
+        return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.max_model_len)
 
     def get_tokenizer(self):
         return self.tokenizer
