@@ -247,7 +247,7 @@ class LLM:
         self._start_call([request])
         num_sent: dict[int, int] = {}
         while not request.finished:
-            if self._step():
+            if self._step(incremental_text=True):
                 yield self._output(request, num_sent)
 
     def _start_call(self, requests: list[Request]) -> None:
@@ -259,17 +259,19 @@ class LLM:
         for request in requests:
             self.scheduler.add(request)
 
-    def _step(self) -> list[Sequence]:
+    def _step(self, incremental_text: bool = False) -> list[Sequence]:
+        """One engine step. Text is built token by token only where needed (stop strings, streaming);
+        otherwise `_text` decodes each finished sample once."""
         batch = self.scheduler.schedule()
         tokens, logprobs = self.runner.run(batch)
         sampled = self.scheduler.update(batch, tokens, logprobs)
-        for seq in sampled:
-            self._detokenize(seq)
+        if self.tokenizer is not None:
+            for seq in sampled:
+                if incremental_text or seq.params.stop_strings:
+                    self._detokenize(seq)
         return sampled
 
     def _detokenize(self, seq: Sequence) -> None:
-        if self.tokenizer is None:
-            return
         if seq.detokenizer is None:
             seq.detokenizer = Detokenizer(self.tokenizer, seq.params)
         stop_terminated = seq.finish_reason == "stop"
@@ -290,10 +292,7 @@ class LLM:
             if num_sent is not None:
                 num_sent[seq.seq_id] = seq.num_output_tokens
             detok = seq.detokenizer
-            if detok is None:
-                text = ""
-            else:
-                text = detok.text if num_sent is None else detok.next_text(seq.is_finished)
+            text = self._text(seq) if num_sent is None else detok.next_text(seq.is_finished) if detok else ""
             outputs.append(CompletionOutput(
                 index=seq.sample_index, text=text, token_ids=token_ids,
                 cumulative_logprob=float(sum(seq.output_logprobs)),
@@ -308,6 +307,18 @@ class LLM:
         )
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
                              request.finished, metrics)
+
+    def _text(self, seq: Sequence) -> str:
+        """The sample's whole text: its detokenizer's, or one decode of its tokens (less a stop token's)."""
+        if seq.detokenizer is not None:
+            return seq.detokenizer.text
+        if self.tokenizer is None:
+            return ""
+        ids = seq.output_token_ids
+        stop_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        if stop_token and not seq.params.include_stop_str_in_output:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     # ------------------------------------------------------------------------------------- sleep / wake
 
