@@ -1,0 +1,61 @@
+"""Attention kernels at T1 shape (16 x 1152, H16 K8 D128): one forward and one backward launch for a profiler
+(`ncu -k regex:flash_attention`), then torch's SDPA flash kernels on the same data as a peer, timed.
+
+usage: PYTHONPATH=src python bench/profile_attention.py [--peer]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from bench_kernels import BF16, D, H, K, timed
+
+SEQS, L = 16, 1152
+
+
+def main() -> None:
+    import cupy
+
+    from barerl.backend import cuda
+
+    T = SEQS * L
+    qkv = (cupy.random.standard_normal((T, (H + 2 * K) * D), dtype=np.float32)).astype(BF16)
+    q = qkv[:, : H * D].reshape(T, H, D)
+    k = qkv[:, H * D : (H + K) * D].reshape(T, K, D)
+    v = qkv[:, (H + K) * D :].reshape(T, K, D)
+    cu = cupy.arange(0, T + 1, L, dtype=np.int32)
+    for _ in range(2):  # warm-up: compiles; the profiler skips these launches
+        o, lse = cuda.attention(q, k, v, cu, D**-0.5)
+        cuda.attention_backward(o, q, k, v, o, lse, cu, D**-0.5)
+    o, lse = cuda.attention(q, k, v, cu, D**-0.5)
+    cuda.attention_backward(o, q, k, v, o, lse, cu, D**-0.5)
+    cupy.cuda.Device().synchronize()
+    if "--peer" in sys.argv:
+        peer(q, k, v)
+
+
+def peer(q, k, v) -> None:
+    """torch.nn.functional.scaled_dot_product_attention (flash backend) on the same q, k, v."""
+    import cupy
+    import torch
+    import torch.nn.functional as F
+
+    def to_torch(x):  # (T, h, D) -> (SEQS, h, L, D) bf16
+        t = torch.from_dlpack(cupy.ascontiguousarray(x).view(np.uint16)).view(torch.bfloat16)
+        return t.reshape(SEQS, L, x.shape[1], D).transpose(1, 2).contiguous().requires_grad_(True)
+
+    tq, tk, tv = to_torch(q), to_torch(k), to_torch(v)
+    flops = 4 * SEQS * (L * L / 2) * D * H
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        tk2, tv2 = tk.repeat_interleave(H // K, 1), tv.repeat_interleave(H // K, 1)  # flash SDPA needs equal heads
+        out = F.scaled_dot_product_attention(tq, tk2, tv2, is_causal=True)
+        grad = torch.randn_like(out)
+        ms_f = timed(lambda: F.scaled_dot_product_attention(tq, tk2, tv2, is_causal=True))
+        ms_b = timed(lambda: torch.autograd.grad(out, (tq, tk2, tv2), grad, retain_graph=True))
+    print(f"torch SDPA flash forward  {ms_f:.3f} ms  {flops / ms_f / 1e9:.1f} TFLOP/s")
+    print(f"torch SDPA flash backward {ms_b:.3f} ms  {2.5 * flops / ms_b / 1e9:.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
