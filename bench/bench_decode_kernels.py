@@ -26,7 +26,7 @@ def gpu_ms(fn, args=(), calls: int = 10, repeat: int = 20) -> float:
     Falls back to timing eager calls where capture fails."""
     import cupy
 
-    cupy.cuda.Device().synchronize()  # inputs were written on the legacy stream, which `stream` does not wait for
+    cupy.cuda.Device().synchronize()  # inputs come from the legacy stream, which `stream` does not wait for
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         fn(*args)  # compiles, and warms this stream's memory pool so that capture allocates nothing new
@@ -40,7 +40,8 @@ def gpu_ms(fn, args=(), calls: int = 10, repeat: int = 20) -> float:
             print(f"graph capture failed ({type(e).__name__}: {e}); timing eager calls")
             from cupyx.profiler import benchmark
 
-            return float(np.median(benchmark(fn, args, n_repeat=repeat * calls, n_warmup=5).gpu_times[0]) * 1e3)
+            times = benchmark(fn, args, n_repeat=repeat * calls, n_warmup=5).gpu_times[0]
+            return float(np.median(times) * 1e3)
         graph.launch(stream)
         times = []
         for _ in range(repeat):
@@ -81,8 +82,8 @@ def attention_case(rng, contexts, new_tokens):
 
     q = normal((T, H, D))
     k_cache, v_cache = normal((num_blocks, BLOCK, K, D)), normal((num_blocks, BLOCK, K, D))
-    args = (q, k_cache, v_cache, cupy.asarray(tables), cupy.asarray(contexts.astype(np.int32)), cupy.asarray(cu),
-            D**-0.5)
+    lens = cupy.asarray(contexts.astype(np.int32))
+    args = (q, k_cache, v_cache, cupy.asarray(tables), lens, cupy.asarray(cu), D**-0.5)
     kv_bytes = int(contexts.sum()) * K * D * 2 * BF16.itemsize
     return args, kv_bytes + 2 * q.nbytes
 
@@ -93,7 +94,8 @@ def sample_case(rng, rows, temperature, top_k, top_p):
     logits = cupy.asarray(rng.standard_normal((rows, VOCAB), np.float32) * 2)
     settings = [cupy.full(rows, value, dtype) for value, dtype in
                 ((temperature, np.float32), (top_k, np.int32), (top_p, np.float32), (0.0, np.float32))]
-    return (logits, *settings, cupy.arange(rows, dtype=np.uint64), cupy.full(rows, 7, np.int64)), logits.nbytes
+    seeds, counters = cupy.arange(rows, dtype=np.uint64), cupy.full(rows, 7, np.int64)
+    return (logits, *settings, seeds, counters), logits.nbytes
 
 
 def main() -> None:
@@ -149,7 +151,8 @@ def main() -> None:
         writer.writerow(["case", "ms", "bytes", "GB/s", "fraction_of_copy", "note"])
         for name, ms, nbytes, note in rows:
             gbs = nbytes / ms / 1e6
-            print(f"{name:48s} {ms:9.4f} {nbytes / 1e6:9.1f} {gbs:8.0f} {100 * gbs / bandwidth:6.1f}%  {note}")
+            share = 100 * gbs / bandwidth
+            print(f"{name:48s} {ms:9.4f} {nbytes / 1e6:9.1f} {gbs:8.0f} {share:6.1f}%  {note}")
             writer.writerow([name, f"{ms:.5f}", nbytes, f"{gbs:.1f}", f"{gbs / bandwidth:.4f}", note])
 
 

@@ -73,7 +73,8 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int) -> dic
     seconds = time.perf_counter() - start
     free, total = cupy.cuda.runtime.memGetInfo()
     generated = sum(len(o.token_ids) for r in outputs for o in r.outputs)
-    result = {"system": "barerl", "seconds": seconds, "new_tokens": generated, "peak_gib": (total - free) / 2**30,
+    result = {"system": "barerl", "seconds": seconds, "new_tokens": generated,
+              "peak_gib": (total - free) / 2**30,  # held: weights, KV cache (60% of memory), pool
               "stats": dict(llm.stats), "cfg": cfg, "num_params": cfg.num_parameters()}
     del llm, model, outputs
     cupy.get_default_memory_pool().free_all_blocks()
@@ -102,7 +103,8 @@ def bench_transformers(prompts: list[list[int]], samples: int, new_tokens: int) 
     out = generate(model)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    result = {"system": "transformers", "seconds": seconds, "new_tokens": (out.shape[1] - ids.shape[1]) * len(ids),
+    result = {"system": "transformers", "seconds": seconds,
+              "new_tokens": (out.shape[1] - ids.shape[1]) * len(ids),
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     del model, out
     torch.cuda.empty_cache()
@@ -123,7 +125,8 @@ def main() -> None:
     for name in args.workloads:
         num_prompts, samples, new_tokens = WORKLOADS[name]
         new_tokens = 128 if args.quick else new_tokens
-        prompts = np.random.default_rng(0).integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
+        rng = np.random.default_rng(0)
+        prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
         ours = bench_barerl(prompts, samples, new_tokens)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)
         print(f"{name} barerl engine stats: {ours['stats']}")

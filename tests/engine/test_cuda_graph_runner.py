@@ -53,6 +53,7 @@ def test_graph_decode_matches_eager(tiny_hf_model, tmp_path):
         return results
 
     eager, graphed = generate(False), generate(True)
-    for e, g in zip(eager, graphed):
+    assert len(eager) == len(graphed)
+    for e, g in zip(eager, graphed, strict=True):
         assert g.token_ids == e.token_ids
         np.testing.assert_allclose(g.logprobs, e.logprobs, atol=1e-4)

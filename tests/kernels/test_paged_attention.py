@@ -40,7 +40,8 @@ def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_con
     q = draw.normal((int(cu[-1]), num_heads, head_dim), dtype)
     k_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
     v_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
-    return q, k_cache, v_cache, cupy.asarray(tables), cupy.asarray(contexts.astype(np.int32)), cupy.asarray(cu)
+    lens = cupy.asarray(contexts.astype(np.int32))
+    return q, k_cache, v_cache, cupy.asarray(tables), lens, cupy.asarray(cu)
 
 
 def run_and_compare(q, k_cache, v_cache, tables, contexts, cu, dtype):
@@ -62,7 +63,8 @@ def run_and_compare(q, k_cache, v_cache, tables, contexts, cu, dtype):
 def test_decode(draw, dtype, head_dim, group, num_seqs, max_context):
     """3 sequences split their keys over many CTAs; 70 x 8 kv heads fill the GPU with one part each."""
     num_kv_heads = 8 if num_seqs > 8 else 2
-    batch = make_batch(draw, dtype, num_seqs, num_kv_heads * group, num_kv_heads, head_dim, max_context, False)
+    heads = num_kv_heads * group
+    batch = make_batch(draw, dtype, num_seqs, heads, num_kv_heads, head_dim, max_context, False)
     run_and_compare(*batch, dtype)
 
 
@@ -74,7 +76,10 @@ def test_prefill(draw, dtype, head_dim, group):
     run_and_compare(*batch, dtype)
 
 
-@pytest.mark.parametrize("head_dim,group,dtype", [(32, 2, FP32), (16, 4, FP32), (32, 2, BF16), (128, 8, BF16)])
+SMALL_AND_WIDE = [(32, 2, FP32), (16, 4, FP32), (32, 2, BF16), (128, 8, BF16)]
+
+
+@pytest.mark.parametrize("head_dim,group,dtype", SMALL_AND_WIDE)
 @pytest.mark.parametrize("prefill", [False, True])
 def test_small_head_dims_and_wide_groups(draw, head_dim, group, dtype, prefill):
     """The tiny test models' shapes (head_dim 16/32) and 8 query heads per kv head."""
@@ -85,3 +90,15 @@ def test_small_head_dims_and_wide_groups(draw, head_dim, group, dtype, prefill):
 def test_fp32_queries_on_bf16_cache(draw):
     q, k_cache, v_cache, tables, contexts, cu = make_batch(draw, BF16, 6, 4, 2, 128, 500, False)
     run_and_compare(q.astype(np.float32), k_cache, v_cache, tables, contexts, cu, BF16)
+
+
+@pytest.mark.parametrize("prefill", [False, True])
+def test_q_view_of_fused_qkv(draw, prefill):
+    """q as the model passes it: the row-strided (T, H, D) view of a (T, (H + 2K) D) qkv buffer."""
+    q, k_cache, v_cache, tables, contexts, cu = make_batch(draw, BF16, 6, 8, 2, 128, 300, prefill)
+    T, H, D = q.shape
+    qkv = draw.normal((T, (H + 4) * D), BF16)
+    view = qkv[:, :H * D].reshape(T, H, D)
+    view[...] = q
+    assert not view.flags.c_contiguous
+    run_and_compare(view, k_cache, v_cache, tables, contexts, cu, BF16)

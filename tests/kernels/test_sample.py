@@ -46,7 +46,8 @@ def check(logits, args):
     want_tokens, want_logprobs = ref.sample(logits, *args)
     got_t, want_t = cupy.asnumpy(tokens), cupy.asnumpy(want_tokens)
     err = np.abs(cupy.asnumpy(logprobs).astype(np.float64) - cupy.asnumpy(want_logprobs))
-    print(f"tokens: {int((got_t != want_t).sum())} of {got_t.size} differ; logprob max abs error {err.max():.3e}")
+    differ = int((got_t != want_t).sum())
+    print(f"tokens: {differ} of {got_t.size} differ; logprob max abs error {err.max():.3e}")
     assert tokens.dtype == np.int32 and logprobs.dtype == np.float32
     np.testing.assert_array_equal(got_t, want_t)
     assert np.isfinite(cupy.asnumpy(logprobs)).all() and err.max() < LOGPROB_ATOL
@@ -65,7 +66,7 @@ def test_mixed_rows(draw):
 
 
 def test_ties(draw):
-    """Logits on a coarse grid: greedy ties go to the lowest index, top-k keeps every tie of the k-th value."""
+    """Logits on a coarse grid: greedy ties go to the lowest index, top-k keeps all ties of the k-th value."""
     import cupy
 
     logits = cupy.asarray(np.round(draw.rng.standard_normal((24, 5000)) * 2) / 2).astype(np.float32)
@@ -73,7 +74,7 @@ def test_ties(draw):
 
 
 def test_banned_tokens(draw):
-    """Rows with -inf logits (the engine bans tokens before min_tokens that way), one row almost all banned."""
+    """Rows with -inf logits (how the engine bans tokens before min_tokens), one row all banned but one."""
     logits = draw.normal((6, 3000), np.float32, 2.0)
     logits[:, ::3] = -np.inf
     logits[5, :] = -np.inf

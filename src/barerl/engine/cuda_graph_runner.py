@@ -89,7 +89,8 @@ class _StaticInputs:
         import cupy
 
         stream = cupy.cuda.get_current_stream()
-        for device, host in ((self.ints, self.host_int), (self.floats, self.host_float), (self.rng, self.host_rng)):
+        for device, host in ((self.ints, self.host_int), (self.floats, self.host_float),
+                             (self.rng, self.host_rng)):
             device.set(host, stream=stream)
         if rows and cols:  # only the block-table columns in use; the graphs never read past a context
             tables = np.ascontiguousarray(tables, dtype=np.int32)
@@ -123,7 +124,8 @@ class CudaGraphRunner(ModelRunner):
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
         n = len(inputs.input_ids)
-        if not inputs.is_decode_only or len(inputs.banned_rows) or n > self.buckets[-1] or self.kv_cache is None:
+        graphable = inputs.is_decode_only and not len(inputs.banned_rows) and n <= self.buckets[-1]
+        if not graphable or self.kv_cache is None:
             return super().execute(inputs)
         if self._captured_cache is not self.kv_cache:
             self.capture()

@@ -1,7 +1,7 @@
 """store_kv on the GPU: one CTA per new token copies its keys and values into their cache slots.
 
-Design: k and v may be row-strided views (the k and v parts of a fused qkv); heads and dims must be dense,
-which such views are. The dtype conversion (activations -> cache dtype) happens in the same copy.
+Design: k and v may be row-strided views (the k and v parts of a fused qkv) read in place; other layouts are
+copied to contiguous first. The dtype conversion (activations -> cache dtype) happens in the same copy.
 """
 
 from __future__ import annotations
@@ -14,14 +14,20 @@ from barerl.kernels.launch import require
 _THREADS = 128
 
 
-def _token_stride(x) -> int:
-    """Elements between token rows of a (T, K, D) array whose heads and dims are dense."""
+def token_stride(x) -> int | None:
+    """Elements between the token rows of a (T, heads, D) array whose heads and dims are dense (a row-strided
+    view of a fused qkv buffer is), else None."""
     item = x.dtype.itemsize
     dense_dims = x.shape[2] == 1 or x.strides[2] == item
     dense_heads = x.shape[1] == 1 or x.strides[1] == x.shape[2] * item  # a size-1 axis may have any stride
-    require(dense_dims and dense_heads,
-            f"store_kv: k/v (T, K, D) need dense heads and dims, got strides {x.strides}")
-    return x.strides[0] // item
+    return x.strides[0] // item if dense_dims and dense_heads else None
+
+
+def _dense_rows(x):
+    """x itself when token_stride applies, else a contiguous copy."""
+    import cupy
+
+    return x if token_stride(x) is not None else cupy.ascontiguousarray(x)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):
@@ -35,7 +41,8 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     if T == 0:
         return
     require(k.dtype == v.dtype, f"store_kv: k is {k.dtype}, v is {v.dtype}")
+    k, v = _dense_rows(k), _dense_rows(v)
     slots = cupy.asarray(slot_mapping).astype(np.int32, copy=False)
     kernel = load_kernel("kv_cache.cu", "store_kv", {"DTYPE": ctype(k_cache.dtype), "SRC_T": ctype(k.dtype)})
-    kernel((T,), (_THREADS,), (k, v, k_cache, v_cache, slots, np.int64(_token_stride(k)),
-                                np.int64(_token_stride(v)), np.int32(K * D)))
+    kernel((T,), (_THREADS,), (k, v, k_cache, v_cache, slots, np.int64(token_stride(k)),
+                                np.int64(token_stride(v)), np.int32(K * D)))

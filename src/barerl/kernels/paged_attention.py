@@ -1,4 +1,6 @@
-"""paged_attention on the GPU: split-KV ("flash-decoding") attention over the paged cache (csrc/paged_attention.cu).
+"""paged_attention on the GPU: split-KV ("flash-decoding") attention over the paged KV cache.
+
+Kernels: csrc/paged_attention.cu.
 
 Design decisions:
 - One kernel serves decode and prefill: a CTA takes one query token, the GROUP query heads of one kv head (so
@@ -21,6 +23,7 @@ import numpy as np
 
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, require
 
 _THREADS = 128
@@ -73,7 +76,10 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     block_tables = contiguous(cupy.asarray(block_tables).astype(i32, copy=False))
     context_lens = cupy.asarray(context_lens).astype(i32, copy=False)
     cu_seqlens_q = cupy.asarray(cu_seqlens_q).astype(i32, copy=False)
-    q = contiguous(q)
+    q_stride = token_stride(q)  # q is a row-strided view of the fused qkv: read in place
+    if q_stride is None:
+        q = contiguous(q)
+        q_stride = H * D
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group}
@@ -82,8 +88,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
     kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
     kernel((splits, K, T), (_THREADS,),
-           (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S), i32(K),
-            i32(block_size), i32(max_blocks), i32(splits), i32(T == S), np.float32(scale * math.log2(math.e))))
+           (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
+            i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
+            np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
     if splits > 1:
         combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
         combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))

@@ -22,9 +22,9 @@ _SELECT_THREADS, _PARTIAL_THREADS = 512, 256  # must equal SELECT_THREADS / PART
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
-    """Sample one token per row: logits (B, V) fp32 and per-row settings (B,) -> tokens (B,) int32, logprobs (B,) fp32.
+    """One token per row: logits (B, V) fp32, per-row settings (B,) -> tokens (B,) int32, logprobs (B,) fp32.
 
-    The contract is backend.ref.sampling.sample's (temperature 0 = greedy, top_k <= 0 / top_p 1 / min_p 0 = off).
+    The contract is backend.ref.sampling.sample's (temperature 0: greedy; top_k <= 0, top_p 1, min_p 0: off).
     """
     import cupy
 
@@ -50,9 +50,9 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
         (B,), (_SELECT_THREADS,), (logits, temperature, top_k, top_p, min_p, thr, row_max, vocab))
     load_kernel("sampling.cu", "sample_partials")(
         (chunks, B), (_PARTIAL_THREADS,),
-        (logits, temperature, min_p, seeds, counters, thr, row_max, part_max, part_sum, part_score, part_index,
-         vocab))
+        (logits, temperature, min_p, seeds, counters, thr, row_max, part_max, part_sum, part_score,
+         part_index, vocab))
     load_kernel("sampling.cu", "sample_finalize")(
-        (B,), (32,), (logits, temperature, part_max, part_sum, part_score, part_index, tokens, logprobs, vocab,
-                      np.int32(chunks)))
+        (B,), (32,), (logits, temperature, part_max, part_sum, part_score, part_index, tokens, logprobs,
+                      vocab, np.int32(chunks)))
     return tokens, logprobs

@@ -10,8 +10,9 @@
 //          o_part and its log2-sum-exp lse_part, and `paged_attention_combine` merges the parts:
 //            o = sum_p 2^(lse_p - M) o_p / sum_p 2^(lse_p - M),  M = max_p lse_p  (empty parts: lse = -inf).
 // GQA:     one CTA serves the GROUP query heads of one kv head, so each K/V byte is read once per query token.
-// Shapes:  q (T, H, D) Q_T dense; k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables
-//          (S, max_blocks) int32; context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
+// Shapes:  q (T, H, D) Q_T, heads and dims dense, token rows q_stride elements apart (a view of the fused
+//          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
+//          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
 //          o_part (T, H, num_splits, D) fp32 and lse_part (T, H, num_splits) fp32 (unused with one split).
 // Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
@@ -68,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
         const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
         float* __restrict__ lse_part, int num_seqs, int num_kv_heads, int block_size, int max_blocks,
-        int num_splits, int is_decode, float scale_log2) {
+        int num_splits, int is_decode, float scale_log2, long long q_stride) {
     __shared__ float reduce_buf[NTG][HEAD_DIM];
     __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
 
@@ -86,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
-        const Q_T* qp = q + ((long long)t * num_heads + kvh * GROUP + g) * HEAD_DIM + lane * VEC;
+        const Q_T* qp = q + t * q_stride + (kvh * GROUP + g) * HEAD_DIM + lane * VEC;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
             qf[g][e] = to_float(qp[e]) * scale_log2;
