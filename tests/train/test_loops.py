@@ -1,0 +1,150 @@
+"""The SFT and GRPO loops end to end on tiny models: learning, reproducibility, resume, crash + resume, and
+the CLI's errors."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from barerl.config import ModelConfig
+from barerl.model.checkpoint import save_checkpoint
+from barerl.model.model import Model
+from barerl.train.config import GRPOConfig, SFTConfig
+from barerl.train.demo import make_tokenizer
+from barerl.train.grpo import train_grpo
+from barerl.train.sft import train_sft
+
+
+def tiny_model(seed=0) -> Model:
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "tie_word_embeddings": True, "max_position_embeddings": 64, "eos_token_id": 2, "bos_token_id": 1,
+    })
+    return Model.random(cfg, seed=seed)
+
+
+PROMPTS = [{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)]
+SFT_ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]
+
+
+def starts_with_seven(prompts, completions, **_):
+    """Known optimum: always answer 7 first."""
+    return [float(c.startswith("7")) for c in completions]
+
+
+def grpo_config(tmp_path, **kw) -> GRPOConfig:
+    base = {"output_dir": str(tmp_path), "max_steps": 4, "learning_rate": 3e-2, "num_generations": 8,
+            "per_device_train_batch_size": 32, "max_completion_length": 3, "max_prompt_length": 8,
+            "lr_scheduler_type": "constant", "save_steps": 0, "seed": 3, "log_completions_steps": 0}
+    return GRPOConfig(**{**base, **kw})
+
+
+def run_grpo(cfg, model=None):
+    return train_grpo(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
+                      reward_funcs=[starts_with_seven], show_progress=False,
+                      engine_args={"num_kv_blocks": 64})
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def metrics(output_dir) -> list[dict]:
+    rows = read_jsonl(os.path.join(output_dir, "metrics.jsonl"))
+    for r in rows:
+        for key in [k for k in r if k.startswith("time") or "per_second" in k]:
+            del r[key]
+    return rows
+
+
+def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
+    result = run_grpo(grpo_config(tmp_path, max_steps=12))
+    first, last = np.mean(result.rewards[:2]), np.mean(result.rewards[-2:])
+    assert last > max(0.5, first + 0.3), result.rewards
+    record = metrics(tmp_path)[-1]
+    assert record["mismatch/max"] < 1e-4  # engine and trainer run the same ops
+    assert os.path.exists(os.path.join(tmp_path, "curves.png")) or "matplotlib" not in sys.modules
+
+
+def test_grpo_is_reproducible(tmp_path):
+    run_grpo(grpo_config(tmp_path / "a"))
+    run_grpo(grpo_config(tmp_path / "b"))
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+
+
+@pytest.mark.parametrize("loop", ["grpo", "sft"])
+def test_resume_gives_the_same_next_steps(tmp_path, loop):
+    def run(output_dir, max_steps, resume=None):
+        if loop == "grpo":
+            return run_grpo(grpo_config(output_dir, max_steps=max_steps, save_steps=2, resume_from_checkpoint=resume))
+        cfg = SFTConfig(output_dir=str(output_dir), max_steps=max_steps, save_steps=2, learning_rate=1e-2,
+                        per_device_train_batch_size=8, packing=False, seed=5, resume_from_checkpoint=resume,
+                        lr_scheduler_type="constant")
+        return train_sft(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=SFT_ROWS, show_progress=False)
+
+    full = run(tmp_path / "full", 4)
+    run(tmp_path / "cut", 2)
+    resumed = run(tmp_path / "cut", 4, resume="latest")
+    assert metrics(tmp_path / "cut") == metrics(tmp_path / "full")
+    weights = [Model.from_pretrained(r.checkpoint).params.flat for r in (full, resumed)]
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    model = tiny_model()
+    folder = tmp_path / "model"
+    save_checkpoint(folder, model.cfg, model.params, tokenizer=make_tokenizer())
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
+    return folder, data
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, check=False, **kw)
+
+
+def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):
+    folder, data = model_folder
+    out = tmp_path / "run"
+    args = ["sft", "--model", folder, "--dataset", data, "--output_dir", out, "--max_steps", 400, "--save_steps", 3,
+            "--per_device_train_batch_size", 4, "--packing", "false", "--report_to", "jsonl"]
+    proc = subprocess.Popen([sys.executable, "-m", "barerl.cli", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (out / "checkpoint-6").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert saved and saved[-1] >= 6
+    logged = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
+    result = cli(*args[:-6], "--max_steps", saved[-1] + 3, "--save_steps", 3, "--resume_from_checkpoint", "latest")
+    assert result.returncode == 0, result.stderr
+    steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
+    assert steps == list(range(1, saved[-1] + 4))  # the lost steps were run again, once each
+    assert max(logged) - saved[-1] < 400  # only steps after the last save were lost
+    shutil.rmtree(out)
+
+
+def test_cli_errors_name_the_problem(model_folder, tmp_path):
+    folder, data = model_folder
+    bad = cli("sft", "--model", folder, "--dataset", data, "--max_stepz", 3)
+    assert bad.returncode != 0 and "max_stepz" in bad.stderr
+    missing = tmp_path / "nocol.jsonl"
+    missing.write_text(json.dumps({"question": "1+1="}) + "\n")
+    bad = cli("grpo", "--model", folder, "--dataset", missing, "--reward_funcs", "math_accuracy")
+    assert bad.returncode == 1 and "prompt" in bad.stderr and "nocol.jsonl" in bad.stderr
+    bad = cli("sft", "--model", tmp_path / "nowhere", "--dataset", data)
+    assert bad.returncode == 1 and "nowhere" in bad.stderr
+    bad = cli("grpo", "--model", folder, "--dataset", data, "--reward_funcs", "nosuchmodule:fn")
+    assert bad.returncode == 1 and "nosuchmodule" in bad.stderr
