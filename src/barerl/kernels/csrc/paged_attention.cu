@@ -9,7 +9,7 @@
 //          each. With one split the CTA writes o directly; otherwise it writes its normalised partial output
 //          o_part and its log2-sum-exp lse_part, and `paged_attention_combine` merges the parts:
 //            o = sum_p 2^(lse_p - M) o_p / sum_p 2^(lse_p - M),  M = max_p lse_p  (empty parts: lse = -inf).
-// GQA:     one CTA serves the GROUP query heads of one kv head, so each K/V byte is read once per query token.
+// GQA:     one CTA serves the GROUP query heads of one kv head: each K/V byte is read once per query token.
 // Shapes:  q (T, H, D) Q_T, heads and dims dense, token rows q_stride elements apart (a view of the fused
 //          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
 //          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
@@ -18,9 +18,9 @@
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
-//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each in
-//          flight, and keep an online softmax of their own (running max, sum, fp32 P @ V in registers), with
-//          no barrier inside the loop; the groups merge through shared memory at the end.
+//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each
+//          in flight, and keep an online softmax of their own (running max, sum, fp32 P @ V in registers),
+//          with no barrier inside the loop; the groups merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
 #include "common.cuh"
 
@@ -58,8 +58,8 @@ __device__ __forceinline__ int sequence_of(const int* cu_seqlens_q, int num_seqs
 }
 
 // Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice.
-__device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads, int kvh,
-                                                int lane) {
+__device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads,
+                                                int kvh, int lane) {
     const long long phys = table[j / block_size];
     return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
 }

@@ -1,7 +1,8 @@
-// sample: one token per row of fp32 logits, with temperature, top-k, top-p, min-p, a counter-based hash as the
-// random source, and the log-prob of the sampled token. The contract is backend/ref/sampling.py's `sample`;
-// every float operation that decides the token is the reference's own fp32 operation, in the same order, so
-// the tokens are identical (not merely close): z = logits / T, u, g = -log(-log(u)), z + g, first argmax.
+// sample: one token per row of fp32 logits, with temperature, top-k, top-p, min-p, a counter-based hash as
+// the random source, and the log-prob of the sampled token. The contract is backend/ref/sampling.py's
+// `sample`; every float operation that decides the token is the reference's own fp32 operation, in the same
+// order, so the tokens are identical (not merely close): z = logits / T, u, g = -log(-log(u)), z + g, first
+// argmax.
 //
 // Three launches (all graph-capturable, no host sync):
 // 1. sample_thresholds, grid (B,), 512 threads. Rows with T != 0 and a truncation compute z_max and the
@@ -16,18 +17,20 @@
 //    greedy rows (T == 0) maximise the logit, others z + g; ties go to the lower index. One pass.
 // 3. sample_finalize, grid (B,), 32 threads: merges the row's C partials; token = best index,
 //    logprob = z_token - (max + log(sum)) (greedy rows: log_softmax of the raw logits).
-// Shapes:  logits (B, V) fp32 dense; temperature, top_p, min_p (B,) fp32; top_k (B,) int32 (<= 0 or >= V off);
+// Shapes:  logits (B, V) fp32 dense; temperature, top_p, min_p (B,) fp32; top_k (B,) int32 (<= 0, >= V: off);
 //          seeds (B,) uint64; counters (B,) int64; thr (B,) uint32 and row_max (B,) fp32 scratch;
 //          part_max, part_sum, part_score (B, C) fp32 and part_index (B, C) int32 scratch;
 //          tokens (B,) int32; logprobs (B,) fp32.
 #include "common.cuh"
+
+typedef unsigned long long u64;
 
 constexpr int SELECT_THREADS = 512;
 constexpr int SELECT_WARPS = SELECT_THREADS / 32;
 constexpr int PARTIAL_THREADS = 256;
 constexpr int CHUNK = 4096;                  // tokens per sample_partials CTA
 constexpr double MASS_SCALE = 4398046511104.0;  // 2^42: fixed-point mass, exact sums for V < 2^21
-constexpr unsigned long long HALF_MASK = (1ull << 21) - 1;
+constexpr u64 HALF_MASK = (1ull << 21) - 1;
 
 __device__ __forceinline__ unsigned int order_key(float z) {
     const unsigned int bits = __float_as_uint(z == 0.0f ? 0.0f : z);  // -0 and +0 compare equal: one key
@@ -35,10 +38,10 @@ __device__ __forceinline__ unsigned int order_key(float z) {
 }
 
 // u[b, v] of the reference's uniform_noise, with its fp32 rounding: ((z >> 40) as fp32 + 0.5) * 2^-24.
-__device__ __forceinline__ float uniform_noise(unsigned long long seed, long long counter, int v) {
-    const unsigned long long key = ((unsigned long long)counter << 32) + (unsigned long long)v + 1ull;
-    const unsigned long long x = seed + 0x9E3779B97F4A7C15ull * key;
-    unsigned long long z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+__device__ __forceinline__ float uniform_noise(u64 seed, long long counter, int v) {
+    const u64 key = ((u64)counter << 32) + (u64)v + 1ull;
+    const u64 x = seed + 0x9E3779B97F4A7C15ull * key;
+    u64 z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     return ((float)(z >> 40) + 0.5f) * 5.9604644775390625e-08f;
@@ -50,22 +53,22 @@ __device__ __forceinline__ bool truncates(int top_k, float top_p, float min_p, i
 
 // Shared-memory histogram scan by warp 0: the bin b (255 = highest keys) where the running total from the
 // top first reaches `target`; `*above` gets the total of the bins above b. Called by all threads.
-__device__ __forceinline__ int select_bin(const unsigned long long* hist, unsigned long long target, unsigned long long* above) {
+__device__ __forceinline__ int select_bin(const u64* hist, u64 target, u64* above) {
     __shared__ int chosen;
-    __shared__ unsigned long long chosen_above;
+    __shared__ u64 chosen_above;
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
-        unsigned long long local = 0;
+        u64 local = 0;
         for (int i = 0; i < 8; ++i) local += hist[255 - lane * 8 - i];
-        unsigned long long inclusive = local;
+        u64 inclusive = local;
         for (int o = 1; o < 32; o <<= 1) {
-            const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, o);
+            const u64 other = __shfl_up_sync(0xffffffffu, inclusive, o);
             if (lane >= o) inclusive += other;
         }
         const unsigned int hit = __ballot_sync(0xffffffffu, inclusive >= target);
         const int first = hit ? __ffs(hit) - 1 : 31;  // target over the total (rounding): lowest bin
         if (lane == first) {
-            unsigned long long run = inclusive - local;
+            u64 run = inclusive - local;
             int bin = 255 - lane * 8 - 7;
             for (int i = 0; i < 8; ++i) {
                 const int b = 255 - lane * 8 - i;
@@ -87,9 +90,8 @@ __device__ __forceinline__ int select_bin(const unsigned long long* hist, unsign
 // few bins, and contended shared-memory atomics, 64-bit ones above all, would serialise the pass). The
 // 42-bit weights are reduced as two 21-bit halves, so 32 lanes never overflow 32 bits.
 template <bool BY_MASS>
-__device__ unsigned int radix_select(const float* row, int vocab, float t, float z_max, unsigned int floor_key,
-                                     unsigned long long target, unsigned long long (*hist)[256],
-                                     unsigned long long* merged) {
+__device__ unsigned int radix_select(const float* row, int vocab, float t, float z_max,
+                                     unsigned int floor_key, u64 target, u64 (*hist)[256], u64* merged) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     unsigned int prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -97,14 +99,14 @@ __device__ unsigned int radix_select(const float* row, int vocab, float t, float
         for (int v0 = warp * 32; v0 < vocab; v0 += SELECT_THREADS) {  // whole warps iterate together
             const int v = v0 + lane;
             unsigned int bin = 0;
-            unsigned long long w = 0;
+            u64 w = 0;
             bool in = false;
             if (v < vocab) {
                 const float z = row[v] / t;
                 const unsigned int key = order_key(z);
                 in = key >= floor_key && (key & mask) == prefix;
                 bin = (key >> shift) & 255u;
-                w = BY_MASS ? (unsigned long long)((double)expf(z - z_max) * MASS_SCALE) : 1ull;
+                w = BY_MASS ? (u64)((double)expf(z - z_max) * MASS_SCALE) : 1ull;
             }
             unsigned int pending = __ballot_sync(0xffffffffu, in);
             while (pending) {
@@ -112,21 +114,22 @@ __device__ unsigned int radix_select(const float* row, int vocab, float t, float
                 const unsigned int leader_bin = __shfl_sync(0xffffffffu, bin, leader);
                 const bool same = in && bin == leader_bin;
                 const unsigned int members = __ballot_sync(0xffffffffu, same);
-                const unsigned int lo = __reduce_add_sync(0xffffffffu, same ? (unsigned int)(w & HALF_MASK) : 0u);
-                const unsigned int hi = BY_MASS ? __reduce_add_sync(0xffffffffu, same ? (unsigned int)(w >> 21) : 0u)
-                                                : 0u;
-                if (lane == leader) hist[warp][leader_bin] += ((unsigned long long)hi << 21) + lo;
+                const unsigned int lo_w = same ? (unsigned int)(w & HALF_MASK) : 0u;
+                const unsigned int hi_w = same ? (unsigned int)(w >> 21) : 0u;
+                const unsigned int lo = __reduce_add_sync(0xffffffffu, lo_w);
+                const unsigned int hi = BY_MASS ? __reduce_add_sync(0xffffffffu, hi_w) : 0u;
+                if (lane == leader) hist[warp][leader_bin] += ((u64)hi << 21) + lo;
                 pending &= ~members;
             }
         }
         __syncthreads();
         for (int i = threadIdx.x; i < 256; i += SELECT_THREADS) {
-            unsigned long long sum = 0;
+            u64 sum = 0;
             for (int w = 0; w < SELECT_WARPS; ++w) sum += hist[w][i];
             merged[i] = sum;
         }
         __syncthreads();
-        unsigned long long above;
+        u64 above;
         const int bin = select_bin(merged, target, &above);
         target -= above;
         prefix |= (unsigned int)bin << shift;
@@ -136,17 +139,17 @@ __device__ unsigned int radix_select(const float* row, int vocab, float t, float
     return prefix;
 }
 
-__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
-        const float* __restrict__ logits, const float* __restrict__ temperature, const int* __restrict__ top_k,
-        const float* __restrict__ top_p, const float* __restrict__ min_p, unsigned int* __restrict__ thr,
-        float* __restrict__ row_max, int vocab) {
-    __shared__ unsigned long long hist[SELECT_WARPS][256], merged[256], total;
+        const float* __restrict__ logits, const float* __restrict__ temperature,
+        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
+        unsigned int* __restrict__ thr, float* __restrict__ row_max, int vocab) {
+    __shared__ u64 hist[SELECT_WARPS][256], merged[256], total;
     const int b = blockIdx.x;
     const float t = temperature[b];
     const int k = top_k[b];
@@ -160,12 +163,12 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
     for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) m = fmaxf(m, row[v] / t);
     m = block_max(m);
     unsigned int key = 0;
-    if (k > 0 && k < vocab) key = radix_select<false>(row, vocab, t, m, 0u, (unsigned long long)k, hist, merged);
+    if (k > 0 && k < vocab) key = radix_select<false>(row, vocab, t, m, 0u, (u64)k, hist, merged);
     if (p < 1.0f) {
-        unsigned long long local = 0;
+        u64 local = 0;
         for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) {
             const float z = row[v] / t;
-            if (order_key(z) >= key) local += (unsigned long long)((double)expf(z - m) * MASS_SCALE);
+            if (order_key(z) >= key) local += (u64)((double)expf(z - m) * MASS_SCALE);
         }
         if (threadIdx.x == 0) total = 0;
         __syncthreads();
@@ -173,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
         if (threadIdx.x % 32 == 0) atomicAdd(&total, local);
         __syncthreads();
         const double target = ceil((double)p * (double)total);
-        key = radix_select<true>(row, vocab, t, m, key, (unsigned long long)fmax(target, 1.0), hist, merged);
+        key = radix_select<true>(row, vocab, t, m, key, (u64)fmax(target, 1.0), hist, merged);
     }
     if (threadIdx.x == 0) {
         thr[b] = key;
@@ -199,17 +202,19 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 }
 
 extern "C" __global__ void __launch_bounds__(PARTIAL_THREADS) sample_partials(
-        const float* __restrict__ logits, const float* __restrict__ temperature, const float* __restrict__ min_p,
-        const unsigned long long* __restrict__ seeds, const long long* __restrict__ counters,
+        const float* __restrict__ logits, const float* __restrict__ temperature,
+        const float* __restrict__ min_p, const u64* __restrict__ seeds,
+        const long long* __restrict__ counters,
         const unsigned int* __restrict__ thr, const float* __restrict__ row_max, float* __restrict__ part_max,
-        float* __restrict__ part_sum, float* __restrict__ part_score, int* __restrict__ part_index, int vocab) {
+        float* __restrict__ part_sum, float* __restrict__ part_score, int* __restrict__ part_index,
+        int vocab) {
     const int c = blockIdx.x, b = blockIdx.y, num_chunks = gridDim.x;
     const float t = temperature[b];
     const bool greedy = t == 0.0f;
     const unsigned int floor_key = greedy ? 0u : thr[b];
     const float mp = greedy ? 0.0f : min_p[b];
     const float z_max = mp > 0.0f ? row_max[b] : 0.0f;
-    const unsigned long long seed = seeds[b];
+    const u64 seed = seeds[b];
     const long long counter = counters[b];
     const float* row = logits + (long long)b * vocab;
 
@@ -218,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(PARTIAL_THREADS) sample_partials(
     const int end = min(vocab, (c + 1) * CHUNK);
     for (int v = c * CHUNK + threadIdx.x; v < end; v += PARTIAL_THREADS) {
         const float z = greedy ? row[v] : row[v] / t;
-        // -inf (banned tokens) carries no mass and can never win; skipping it keeps exp(z - m) off -inf - -inf
+        // -inf (banned tokens) has no mass and never wins; skipping it keeps exp(z - m) off -inf - -inf
         if (z == NEG_INF || order_key(z) < floor_key || (mp > 0.0f && !(expf(z - z_max) >= mp))) continue;
         if (z > m) {
             s = s * expf(m - z) + 1.0f;
@@ -251,11 +256,11 @@ extern "C" __global__ void __launch_bounds__(PARTIAL_THREADS) sample_partials(
     }
 }
 
-extern "C" __global__ void sample_finalize(const float* __restrict__ logits, const float* __restrict__ temperature,
-                                           const float* __restrict__ part_max, const float* __restrict__ part_sum,
-                                           const float* __restrict__ part_score,
-                                           const int* __restrict__ part_index, int* __restrict__ tokens,
-                                           float* __restrict__ logprobs, int vocab, int num_chunks) {
+extern "C" __global__ void sample_finalize(
+        const float* __restrict__ logits, const float* __restrict__ temperature,
+        const float* __restrict__ part_max, const float* __restrict__ part_sum,
+        const float* __restrict__ part_score, const int* __restrict__ part_index, int* __restrict__ tokens,
+        float* __restrict__ logprobs, int vocab, int num_chunks) {
     const int b = blockIdx.x, lane = threadIdx.x;
     float m = NEG_INF, s = 0.0f;
     Candidate best = {NEG_INF, 0x7fffffff};
