@@ -74,6 +74,11 @@ def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
     assert os.path.exists(os.path.join(tmp_path, "curves.png")) or "matplotlib" not in sys.modules
 
 
+def test_truncated_sampling_gives_no_engine_trainer_mismatch(tmp_path):
+    run_grpo(grpo_config(tmp_path, max_steps=2, top_k=4, top_p=0.9, min_p=0.05, temperature=0.8))
+    assert all(r["mismatch/max"] < 1e-4 for r in metrics(tmp_path))
+
+
 def test_grpo_is_reproducible(tmp_path):
     run_grpo(grpo_config(tmp_path / "a"))
     run_grpo(grpo_config(tmp_path / "b"))

@@ -80,6 +80,21 @@ class ForwardState:
     cu_seqlens: object
 
 
+@dataclass(frozen=True)
+class SamplingFilter:
+    """The engine's sampling distribution: temperature, then top-k, top-p and min-p truncation (off by
+    default). The trainer computes log-probs under the same distribution the rollouts were drawn from."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
 LossFn = Callable[[object, object], tuple[float, object, dict]]
 
 
@@ -185,16 +200,29 @@ class Model:
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
         return h, ForwardState(x, rstd, layer_inputs, saved, rope, cu)
 
-    def logprobs(self, batch: PackedBatch, temperature: float = 1.0):
-        """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient."""
+    def logprobs(self, batch: PackedBatch, sampling: SamplingFilter | float = 1.0):
+        """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient.
+
+        `sampling` is a SamplingFilter or just a temperature."""
         h, _ = self.hidden_states(batch)
-        logp, _, entropy = self.backend.lm_head_logprobs(
-            h, self.params.lm_head, self.xp.asarray(batch.targets), 1.0 / temperature
-        )
+        logp, _, entropy = self._head_logprobs(h, self.xp.asarray(batch.targets), _as_filter(sampling))
         return logp, entropy
 
+    def _head_logprobs(self, h, targets, f: SamplingFilter):
+        ops, w = self.backend, self.params.lm_head
+        if f.truncates:
+            return ops.lm_head_logprobs_filtered(h, w, targets, 1.0 / f.temperature, f.top_k, f.top_p, f.min_p)
+        return ops.lm_head_logprobs(h, w, targets, 1.0 / f.temperature)
+
+    def _head_backward(self, dlogp, h, targets, lse, dw, f: SamplingFilter):
+        ops, w = self.backend, self.params.lm_head
+        if f.truncates:
+            return ops.lm_head_backward_filtered(dlogp, h, w, targets, lse, dw, 1.0 / f.temperature, f.top_k,
+                                                 f.top_p, f.min_p)
+        return ops.lm_head_backward(dlogp, h, w, targets, lse, dw, 1.0 / f.temperature)
+
     def forward_backward(
-        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, temperature: float = 1.0,
+        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter | float = 1.0,
         checkpoint: bool = True,
     ) -> tuple[float, dict]:
         """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
@@ -202,12 +230,12 @@ class Model:
         Gradients accumulate into `grads` (zero it once per optimizer step), so micro-batches add up.
         """
         ops, p, cfg = self.backend, self.params, self.cfg
-        inv_t = 1.0 / temperature
+        f = _as_filter(sampling)
         h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint)
         targets = self.xp.asarray(batch.targets)
-        logp, lse, entropy = ops.lm_head_logprobs(h, p.lm_head, targets, inv_t)
+        logp, lse, entropy = self._head_logprobs(h, targets, f)
         loss, dlogp, metrics = loss_fn(logp, entropy)
-        dh = ops.lm_head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, p.lm_head, targets, lse, grads.lm_head, inv_t)
+        dh = self._head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, targets, lse, grads.lm_head, f)
         dx = ops.rmsnorm_backward(dh, fwd.x_final, p.final_norm, fwd.rstd_final, grads.final_norm)
         rope, cu = fwd.rope, fwd.cu_seqlens
         attend = self._attend_packed(cu)
@@ -222,6 +250,10 @@ class Model:
 
     def zeros_like_params(self, dtype="float32") -> ParameterBuffer:
         return ParameterBuffer.zeros(self.cfg, self.xp, resolve_dtype(dtype))
+
+
+def _as_filter(sampling: SamplingFilter | float) -> SamplingFilter:
+    return sampling if isinstance(sampling, SamplingFilter) else SamplingFilter(temperature=float(sampling))
 
 
 def _xp_for(device: str):

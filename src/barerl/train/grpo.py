@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from barerl.model.model import Model
+from barerl.model.model import Model, SamplingFilter
 from barerl.model.weights import ParameterBuffer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
@@ -92,6 +92,11 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint)
 
 
+def sampling_filter(cfg: GRPOConfig) -> SamplingFilter:
+    """The distribution the engine samples rollouts from, which the trainer's log-probs must use too."""
+    return SamplingFilter(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p or 0.0)
+
+
 def _frozen_copy(model: Model) -> Model:
     """The KL reference: its own weights, sharing nothing mutable with the policy."""
     return Model(model.cfg, ParameterBuffer(model.cfg, model.params.flat.copy()), model.device)
@@ -124,9 +129,9 @@ def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainB
     batches = train_batches(rollouts, indices, cfg.max_tokens_per_microbatch, cfg.mask_truncated_completions)
     for tb in batches:
         if needs_old:
-            tb.old_logp, _ = model.logprobs(tb.batch, cfg.temperature)
+            tb.old_logp, _ = model.logprobs(tb.batch, sampling_filter(cfg))
         if ref_model is not None:
-            tb.ref_logp, _ = ref_model.logprobs(tb.batch, cfg.temperature)
+            tb.ref_logp, _ = ref_model.logprobs(tb.batch, sampling_filter(cfg))
     return batches
 
 
@@ -161,7 +166,7 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
                 num_sequences_in_batch=num_sequences, num_micro_batches=cfg.gradient_accumulation_steps,
             )
 
-        part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, cfg.temperature,
+        part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
                                                checkpoint=cfg.gradient_checkpointing)
         loss += part
         share = tb.batch.num_loss_tokens / num_items

@@ -16,13 +16,30 @@ Conventions, shared with the kernels:
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 __all__ = [
-    "xp_of", "DEFAULT_LM_HEAD_CHUNK", "embedding", "embedding_backward", "rmsnorm", "rmsnorm_backward",
-    "linear", "linear_backward", "qk_norm_rope", "qk_norm_rope_backward", "attention", "attention_backward",
-    "store_kv", "paged_attention", "swiglu", "swiglu_backward", "lm_head_logits", "lm_head_logprobs",
+    "DEFAULT_LM_HEAD_CHUNK",
+    "attention",
+    "attention_backward",
+    "embedding",
+    "embedding_backward",
+    "linear",
+    "linear_backward",
     "lm_head_backward",
+    "lm_head_logits",
+    "lm_head_logprobs",
+    "paged_attention",
+    "qk_norm_rope",
+    "qk_norm_rope_backward",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "store_kv",
+    "swiglu",
+    "swiglu_backward",
+    "xp_of",
 ]
 
 DEFAULT_LM_HEAD_CHUNK = 1024  # tokens per LM-head chunk: bounds the fp32 logits to chunk x vocab
@@ -182,7 +199,7 @@ def qk_norm_rope_backward(
 
 def _segments(cu_seqlens):
     cu = [int(c) for c in (cu_seqlens.get() if hasattr(cu_seqlens, "get") else cu_seqlens)]
-    return list(zip(cu[:-1], cu[1:]))
+    return list(itertools.pairwise(cu))
 
 
 def _expand_kv(x, group):

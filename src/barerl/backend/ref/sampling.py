@@ -22,9 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from barerl.backend.ref.nn import xp_of
+from barerl.backend.ref.nn import DEFAULT_LM_HEAD_CHUNK, xp_of
 
-__all__ = ["logprobs_under_sampling", "sample", "uniform_noise"]
+__all__ = [
+    "lm_head_backward_filtered",
+    "lm_head_logprobs_filtered",
+    "logprobs_under_sampling",
+    "sample",
+    "uniform_noise",
+]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -139,3 +145,55 @@ def logprobs_under_sampling(logits, tokens, temperature, top_k, top_p, min_p):
         lp = z[rows, chosen] - _masked_logsumexp(z, keep)
         out[r] = xp.where(keep[rows, chosen], lp, -np.inf)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training under the sampling distribution: the LM head's log-probs and their gradient when the engine
+# samples with top-k / top-p / min-p, so the policy ratio compares like with like. The kept set is
+# recomputed from the logits (same filter as `sample`) and treated as fixed by the gradient; a target the
+# filter dropped (possible only at exact ties) is kept so its log-prob stays finite.
+
+
+def _filtered_chunk(h, w, targets, inv_temperature, top_k, top_p, min_p):
+    xp = xp_of(h)
+    n = h.shape[0]
+    z = (h.astype(np.float32) @ w.astype(np.float32).T) * np.float32(inv_temperature)
+    full = lambda value, dtype: xp.full(n, value, dtype)
+    keep = _keep_mask(z, full(top_k, np.int32), full(top_p, np.float32), full(min_p, np.float32))
+    keep[xp.arange(n), targets] = True
+    return z, keep
+
+
+def lm_head_logprobs_filtered(h, w, targets, inv_temperature, top_k, top_p, min_p,
+                              chunk_size=DEFAULT_LM_HEAD_CHUNK):
+    """`lm_head_logprobs` under the filtered distribution: logprobs, lse over the kept set, entropy (T,)."""
+    xp = xp_of(h)
+    T = h.shape[0]
+    logprobs, lse, entropy = (xp.empty(T, np.float32) for _ in range(3))
+    for a in range(0, T, chunk_size):
+        b = min(a + chunk_size, T)
+        z, keep = _filtered_chunk(h[a:b], w, targets[a:b], inv_temperature, top_k, top_p, min_p)
+        row_lse = _masked_logsumexp(z, keep)
+        p = xp.where(keep, xp.exp(z - row_lse[:, None]), 0.0)
+        lse[a:b] = row_lse
+        logprobs[a:b] = z[xp.arange(b - a), targets[a:b]] - row_lse
+        entropy[a:b] = row_lse - (p * xp.where(keep, z, 0.0)).sum(axis=-1)
+    return logprobs, lse, entropy
+
+
+def lm_head_backward_filtered(dlogprobs, h, w, targets, lse, dw, inv_temperature, top_k, top_p, min_p,
+                              chunk_size=DEFAULT_LM_HEAD_CHUNK):
+    """Gradient of `lm_head_logprobs_filtered`'s log-probs: dw += ..., returns dh in h's dtype."""
+    xp = xp_of(h)
+    dh = xp.empty(h.shape, np.float32)
+    wf = w.astype(np.float32)
+    for a in range(0, h.shape[0], chunk_size):
+        b = min(a + chunk_size, h.shape[0])
+        z, keep = _filtered_chunk(h[a:b], w, targets[a:b], inv_temperature, top_k, top_p, min_p)
+        g = dlogprobs[a:b].astype(np.float32)
+        dz = -xp.where(keep, xp.exp(z - lse[a:b, None]), 0.0) * g[:, None]
+        dz[xp.arange(b - a), targets[a:b]] += g
+        dz *= np.float32(inv_temperature)
+        dh[a:b] = dz @ wf
+        dw += (dz.T @ h[a:b].astype(np.float32)).astype(dw.dtype, copy=False)
+    return dh.astype(h.dtype, copy=False)
