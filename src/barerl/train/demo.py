@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft_steps", type=int, default=None, help="override the size's SFT steps")
     parser.add_argument("--grpo_steps", type=int, default=None, help="override the size's GRPO steps")
-    parser.add_argument("--grpo_learning_rate", type=float, default=1e-3, help="GRPO's AdamW learning rate")
+    parser.add_argument("--grpo_learning_rate", type=float, default=3e-4, help="GRPO's AdamW learning rate")
 
 
 def run(args: argparse.Namespace) -> int:
