@@ -1,7 +1,7 @@
 """CudaGraphRunner: decode steps replayed from CUDA graphs give the eager runner's tokens and log-probs.
 
-The engine runs a tiny Qwen3 on the GPU twice, once with the eager ModelRunner and once with the graph
-runner swapped in; batches of 1..7 sequences land in padded buckets (1, 2, 4, 8), samples share prompt
+The engine runs a tiny Qwen3 on the GPU twice, with enforce_eager (ModelRunner) and without (the graph
+runner); batches of 1..7 sequences land in padded buckets (1, 2, 4, 8), samples share prompt
 blocks (copy-on-write), and the engine sleeps and wakes in between (the graphs are captured again).
 """
 
@@ -38,11 +38,8 @@ def test_graph_decode_matches_eager(tiny_hf_model, tmp_path):
                                logprobs=True)]
 
     def generate(graphs: bool):
-        llm = LLM(model, max_num_seqs=8, num_kv_blocks=64, max_model_len=128)
-        if graphs:
-            eager = llm.runner
-            llm.runner = CudaGraphRunner(model, eager.num_blocks, eager.block_size, 8, llm.max_model_len)
-            eager.free_kv_cache()
+        llm = LLM(model, max_num_seqs=8, num_kv_blocks=64, max_model_len=128, enforce_eager=not graphs)
+        assert isinstance(llm.runner, CudaGraphRunner) == graphs
         results = []
         for params in requests:
             results += [o for r in llm.generate(prompts, params, use_tqdm=False) for o in r.outputs]
