@@ -60,10 +60,7 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int) -> dic
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     seqs = len(prompts) * samples
     llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6)
-    if not isinstance(llm.runner, CudaGraphRunner):  # the engine may already pick it on the GPU
-        eager = llm.runner
-        eager.free_kv_cache()
-        llm.runner = CudaGraphRunner(model, eager.num_blocks, eager.block_size, seqs, llm.max_model_len)
+    assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
     llm.generate(prompts, warm, use_tqdm=False)  # compiles kernels, captures the graphs
