@@ -61,6 +61,19 @@ __device__ __forceinline__ bool find_tile(const int* cu_seqlens, int num_seqs, i
     return false;
 }
 
+// Byte offsets of this lane's ldmatrix row address inside a tile of pitch `ld` elements. "A" pattern (A
+// operands, and B operands loaded with .trans): matrices ordered (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
+// (rows 0-7, cols 8-15), (rows 8-15, cols 8-15). "B" pattern (B operands without .trans, and A with .trans
+// from a transposed tile): (0-7, 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
+__device__ __forceinline__ unsigned lane_offset_a(int lane, int ld) {
+    return (((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4)) * (int)sizeof(scalar_t);
+}
+__device__ __forceinline__ unsigned lane_offset_b(int lane, int ld) {
+    return (((lane & 7) + 8 * (lane >> 4)) * ld + 8 * ((lane >> 3) & 1)) * (int)sizeof(scalar_t);
+}
+constexpr int ROW = LD * sizeof(scalar_t);  // bytes per shared-memory tile row
+constexpr int EL = sizeof(scalar_t);        // bytes per element
+
 // 2^x in one MUFU instruction (flushes denormals; ex2(-inf) = 0, which masking relies on).
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
@@ -131,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     }
     const int wrow = warp * 16 * MT;  // first tile row of this warp
     unsigned q_regs[MT == 1 ? D / 16 : 1][4];  // MT = 1: Q's A fragments, held for the whole loop
+    const unsigned q_base = smem_addr(sQ + wrow * LD) + lane_offset_a(lane, LD);
     const int row_a = q0 + wrow + g;
 
     for (int j = 0; j < num_tiles; ++j) {
@@ -145,10 +159,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         if (MT == 1 && j == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-                ldmatrix_x4(q_regs[kk], sQ + (wrow + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+                ldsm_x4(q_regs[kk], q_base + kk * 16 * EL);
         }
-        const scalar_t* sKs = sK + stage * FWD_BN * LD;
-        const scalar_t* sVs = sV + stage * FWD_BN * LD;
+        const unsigned k_base = smem_addr(sK + stage * FWD_BN * LD) + lane_offset_b(lane, LD);
+        const unsigned v_base = smem_addr(sV + stage * FWD_BN * LD) + lane_offset_a(lane, LD);
         float s[MT][FWD_BN / 8][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -163,12 +177,12 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
             } else {
 #pragma unroll
                 for (int m = 0; m < MT; ++m)
-                    ldmatrix_x4(qf[m], sQ + (wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kk * 16 + 8 * (lane >> 4));
+                    ldsm_x4(qf[m], q_base + 16 * m * ROW + kk * 16 * EL);
             }
 #pragma unroll
             for (int p = 0; p < FWD_BN / 16; ++p) {
                 unsigned b[4];
-                ldmatrix_x4(b, sKs + (p * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                ldsm_x4(b, k_base + p * 16 * ROW + kk * 16 * EL);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     mma(s[m][2 * p], qf[m], b, scalar_t());
@@ -185,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
             for (int nt = 0; nt < FWD_BN / 8; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float x = s[m][nt][e] * scale_log2;
+                    float x = s[m][nt][e];  // raw score: scale > 0, so maxima commute with scaling
                     if (masked) {
                         const int key = kv0 + nt * 8 + 2 * t + (e & 1);
                         if (key > row_a + 16 * m + 8 * (e >> 1) || key >= len) x = NEG_INF;
@@ -200,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
                 tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
                 tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
                 const float m_new = fmaxf(row_max[m][r], tile_max[r]);
-                const float m_use = m_new == NEG_INF ? 0.0f : m_new;
-                rescale[r] = fast_exp2(row_max[m][r] - m_use);
+                const float m_use = m_new == NEG_INF ? 0.0f : m_new * scale_log2;  // in base-2 exponent units
+                rescale[r] = fast_exp2(row_max[m][r] * scale_log2 - m_use);
                 row_max[m][r] = m_new;
                 row_sum[m][r] *= rescale[r];
                 tile_max[r] = m_use;
@@ -210,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
             for (int nt = 0; nt < FWD_BN / 8; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[m][nt][e] = fast_exp2(s[m][nt][e] - tile_max[e >> 1]);
+                    s[m][nt][e] = fast_exp2(fmaf(s[m][nt][e], scale_log2, -tile_max[e >> 1]));
                     row_sum[m][e >> 1] += s[m][nt][e];
                 }
             }
@@ -235,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned b[4];
-                ldmatrix_x4_trans(b, sVs + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dp * 16 + 8 * (lane >> 4));
+                ldsm_x4_trans(b, v_base + kk * 16 * ROW + dp * 16 * EL);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     mma(acc[m][2 * dp], a[m], b, scalar_t());
@@ -262,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
                 *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
                     pack2(acc[m][nt][2 * r] * inv, acc[m][nt][2 * r + 1] * inv, scalar_t());
             }
-            if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[m][r] + log2f(sum)) * LN2;
+            if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[m][r] * scale_log2 + log2f(sum)) * LN2;
         }
     }
 }
@@ -322,7 +336,14 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
         for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
     const int key_a = k0 + warp * 16 + g;  // this thread's two keys: key_a and key_a + 8
     const int first_tile = k0 / BWD_BM, num_q_tiles = (len + BWD_BM - 1) / BWD_BM;
-    const unsigned a_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
+    // shared addresses of this lane's ldmatrix rows, see lane_offset_a/b
+    const unsigned k_a = smem_addr(sK + warp * 16 * LD) + lane_offset_a(lane, LD);
+    const unsigned v_a = smem_addr(sV + warp * 16 * LD) + lane_offset_a(lane, LD);
+    const unsigned q_b = smem_addr(sQ) + lane_offset_b(lane, LD), do_b = smem_addr(sdO) + lane_offset_b(lane, LD);
+    const unsigned q_t = smem_addr(sQ) + lane_offset_a(lane, LD), do_t = smem_addr(sdO) + lane_offset_a(lane, LD);
+    const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * DQ_COLS;  // this warp's part of dQ
+    const unsigned ds_t = smem_addr(sdS + qrow0) + lane_offset_b(lane, LDS);
+    const unsigned k_t = smem_addr(sK + dcol0) + lane_offset_a(lane, LD);
 
     for (int hh = 0; hh < group; ++hh) {
         const int h = kvh * group + hh;
@@ -351,15 +372,15 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 unsigned a[4], av[4];
-                ldmatrix_x4(a, sK + a_row * LD + kk * 16 + a_col);
-                ldmatrix_x4(av, sV + a_row * LD + kk * 16 + a_col);
+                ldsm_x4(a, k_a + kk * 16 * EL);
+                ldsm_x4(av, v_a + kk * 16 * EL);
 #pragma unroll
                 for (int n = 0; n < BWD_BM / 16; ++n) {
                     unsigned b[4];
-                    ldmatrix_x4(b, sQ + (n * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                    ldsm_x4(b, q_b + n * 16 * ROW + kk * 16 * EL);
                     mma(p[2 * n], a, b, scalar_t());
                     mma(p[2 * n + 1], a, b + 2, scalar_t());
-                    ldmatrix_x4(b, sdO + (n * 16 + (lane & 7) + 8 * (lane >> 4)) * LD + kk * 16 + 8 * ((lane >> 3) & 1));
+                    ldsm_x4(b, do_b + n * 16 * ROW + kk * 16 * EL);
                     mma(dp[2 * n], av, b, scalar_t());  // dP^T = V dO^T
                     mma(dp[2 * n + 1], av, b + 2, scalar_t());
                 }
@@ -390,11 +411,11 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
 #pragma unroll
                 for (int n = 0; n < D / 16; ++n) {
                     unsigned b[4];
-                    const int off = (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + n * 16 + 8 * (lane >> 4);
-                    ldmatrix_x4_trans(b, sdO + off);
+                    const unsigned off = kk * 16 * ROW + n * 16 * EL;
+                    ldsm_x4_trans(b, do_t + off);
                     mma(dv_acc[2 * n], ap, b, scalar_t());
                     mma(dv_acc[2 * n + 1], ap, b + 2, scalar_t());
-                    ldmatrix_x4_trans(b, sQ + off);
+                    ldsm_x4_trans(b, q_t + off);
                     mma(dk_acc[2 * n], as, b, scalar_t());
                     mma(dk_acc[2 * n + 1], as, b + 2, scalar_t());
                 }
@@ -408,18 +429,17 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
             __syncthreads();
 
             // dQ (BWD_BM x D) += dS K * scale: warp w takes queries (w % 2) * 16.. and dims (w / 2) * DQ_COLS..
-            const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * DQ_COLS;
             float dq[DQ_COLS / 8][4];
 #pragma unroll
             for (int i = 0; i < DQ_COLS / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < BWD_BN / 16; ++kk) {
                 unsigned a[4];
-                ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + 8 * (lane >> 4)) * LDS + qrow0 + 8 * ((lane >> 3) & 1));
+                ldsm_x4_trans(a, ds_t + kk * 16 * LDS * EL);
 #pragma unroll
                 for (int n = 0; n < DQ_COLS / 16; ++n) {
                     unsigned b[4];
-                    ldmatrix_x4_trans(b, sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + dcol0 + n * 16 + 8 * (lane >> 4));
+                    ldsm_x4_trans(b, k_t + kk * 16 * ROW + n * 16 * EL);
                     mma(dq[2 * n], a, b, scalar_t());
                     mma(dq[2 * n + 1], a, b + 2, scalar_t());
                 }

@@ -30,6 +30,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
 }
 
+// The same two loads from a 32-bit shared-memory address: callers add compile-time byte offsets to a base
+// computed once, so the unrolled loops issue ldmatrix with immediate offsets and no address arithmetic.
+__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 // c += a @ b for one m16n8k16 tile; the element type picks the instruction.
 __device__ __forceinline__ void mma(float* c, const unsigned* a, const unsigned* b, __nv_bfloat16) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
