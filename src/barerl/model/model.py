@@ -23,6 +23,7 @@ import numpy as np
 from barerl.backend import get_backend
 from barerl.config import ModelConfig
 from barerl.model.backward import layer_backward
+from barerl.model.batch import PackedBatch
 from barerl.model.forward import RopeContext, layer_forward
 from barerl.model.rope import rope_tables
 from barerl.model.weights import ParameterBuffer, parameter_shapes
@@ -38,34 +39,6 @@ def resolve_dtype(name: str):
     if name in ("float32", "float16"):
         return np.dtype(name)
     raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
-
-
-@dataclass
-class PackedBatch:
-    """Sequences concatenated with no padding. targets[t] is the token predicted at t."""
-
-    input_ids: np.ndarray  # (T,) int32
-    targets: np.ndarray  # (T,) int32
-    positions: np.ndarray  # (T,) int32, position within its own sequence
-    cu_seqlens: np.ndarray  # (S+1,) int32, sequence boundaries
-
-    @classmethod
-    def from_sequences(cls, sequences: list[list[int]]) -> PackedBatch:
-        """Pack token lists; each sequence predicts its own next tokens (the last target is 0)."""
-        ids, targets, positions, cu = [], [], [], [0]
-        for seq in sequences:
-            if len(seq) == 0:
-                raise ValueError("cannot pack an empty sequence")
-            ids += seq
-            targets += list(seq[1:]) + [0]
-            positions += range(len(seq))
-            cu.append(cu[-1] + len(seq))
-        as32 = lambda v: np.asarray(v, dtype=np.int32)
-        return cls(as32(ids), as32(targets), as32(positions), as32(cu))
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
 
 
 @dataclass

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from barerl.model.batch import PackedBatch
+
 
 class DatasetError(ValueError):
     """A dataset file is missing, malformed, empty, or lacks a needed column."""
@@ -298,46 +300,6 @@ def encode_prompt(prompt, tokenizer, max_prompt_length: int | None = None) -> li
 
 # ---------------------------------------------------------------------------------------------------------
 # Packing
-
-
-@dataclass
-class PackedBatch:
-    """Sequences concatenated into one row of T tokens (the packed layout of the model's ops).
-
-    input_ids (T,) int32; targets (T,) int32: the next token of the same sequence (0 at a sequence's last
-    token); loss_mask (T,) float32: 1 where the target is trained on; positions (T,) int32: position in
-    the sequence; cu_seqlens (S+1,) int32: sequence boundaries.
-    The model's per-token log-probs of `targets` line up with `loss_mask`, which is what `losses.sft_loss`
-    and `losses.policy_loss` take as mask. GRPO packs Example(prompt + completion, [0] * P + [1] * C).
-    """
-
-    input_ids: np.ndarray
-    targets: np.ndarray
-    loss_mask: np.ndarray
-    positions: np.ndarray
-    cu_seqlens: np.ndarray
-    num_sequences: int
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask.sum())
-
-    @classmethod
-    def from_examples(cls, examples: Sequence[Example]) -> PackedBatch:
-        lengths = [len(e) for e in examples]
-        input_ids = np.array([t for e in examples for t in e.input_ids], dtype=np.int32)
-        targets, loss_mask = np.zeros_like(input_ids), np.zeros(input_ids.shape, dtype=np.float32)
-        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        for e, start in zip(examples, cu_seqlens[:-1]):
-            n = len(e)
-            targets[start : start + n - 1] = e.input_ids[1:]
-            loss_mask[start : start + n - 1] = e.loss_mask[1:]
-        positions = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]) if lengths else input_ids
-        return cls(input_ids, targets, loss_mask, positions.astype(np.int32), cu_seqlens, len(examples))
 
 
 def _fit(example: Example, max_tokens: int) -> Example:
