@@ -14,7 +14,7 @@ def python_uniform(seed, counter, v):
     z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
     z ^= z >> 31
-    return ((z >> 40) + 0.5) * 2.0**-24
+    return ((z >> 41) + 0.5) * 2.0**-23
 
 
 def rows(B, **kw):
@@ -121,3 +121,10 @@ def test_seeded_sampling_is_reproducible_and_depends_on_seed_and_counter():
     assert c[0][0] == a[0][10]
     other_seed = ref.sample(logits, *rows(64), np.full(64, 8, np.uint64), args[1])
     assert (other_seed[0] != a[0]).mean() > 0.5
+
+
+def test_uniform_noise_never_reaches_one():
+    from barerl.backend.ref.sampling import uniform_noise
+
+    u = uniform_noise(np.arange(64, dtype=np.uint64), np.arange(64, dtype=np.int64), 151936)
+    assert u.max() < 1.0 and u.min() > 0.0

@@ -45,7 +45,8 @@ def uniform_noise(seeds, counters, vocab_size: int):
     """u (B, V) fp32 in (0, 1): u[b, v] = uniform(seeds[b], counters[b], v), uint64 wrap-around arithmetic.
 
     x = seed + 0x9E3779B97F4A7C15 * (counter * 2**32 + v + 1); z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31; u = ((z >> 40) + 0.5) * 2**-24.
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31; u = ((z >> 41) + 0.5) * 2**-23 (23 bits, so
+    the + 0.5 is exact in fp32 and u < 1: with 24 bits the top value rounded to 1.0, an infinite Gumbel draw).
     """
     xp = xp_of(seeds)
     u64 = xp.uint64
@@ -55,7 +56,7 @@ def uniform_noise(seeds, counters, vocab_size: int):
     z = (x ^ (x >> u64(30))) * u64(_MIX1)
     z = (z ^ (z >> u64(27))) * u64(_MIX2)
     z = z ^ (z >> u64(31))
-    return ((z >> u64(40)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-24)
+    return ((z >> u64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
 
 
 def _keep_mask(z, top_k, top_p, min_p):

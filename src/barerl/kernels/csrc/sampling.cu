@@ -37,14 +37,14 @@ __device__ __forceinline__ unsigned int order_key(float z) {
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// u[b, v] of the reference's uniform_noise, with its fp32 rounding: ((z >> 40) as fp32 + 0.5) * 2^-24.
+// u[b, v] of the reference's uniform_noise, with its fp32 rounding: ((z >> 41) as fp32 + 0.5) * 2^-23 (exact, < 1).
 __device__ __forceinline__ float uniform_noise(u64 seed, long long counter, int v) {
     const u64 key = ((u64)counter << 32) + (u64)v + 1ull;
     const u64 x = seed + 0x9E3779B97F4A7C15ull * key;
     u64 z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return ((float)(z >> 40) + 0.5f) * 5.9604644775390625e-08f;
+    return ((float)(z >> 41) + 0.5f) * 1.1920928955078125e-07f;
 }
 
 __device__ __forceinline__ bool truncates(int top_k, float top_p, float min_p, int vocab) {
