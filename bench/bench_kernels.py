@@ -173,7 +173,7 @@ def cases():
     yield ("attention_backward[4w, no dQ: timing only]", shape, configured(
         lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=4,
         defines={"SKIP_DQ_ATOMICS": 1}), 0, 2.5 * attn_flops)
-    flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=1, fwd_bn=64, bwd_warps=4, defines={})
+    flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=2, fwd_bn=64, bwd_warps=4, defines={})
     for chunk in (1024, 4096):
         yield (f"lm_head_backward[chunk {chunk}]", f"{rows}x{C} @ {C}x{V}",
                lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk), 0,

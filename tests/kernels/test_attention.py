@@ -18,8 +18,8 @@ LENGTHS = {
 # kernel block shapes (flash_attention.CONFIG entries) the tests cover; {} is the default
 CONFIGS = {
     "default": {},
-    "w8": {"fwd_warps": 8, "bwd_warps": 8},
-    "mt2": {"fwd_mt": 2},
+    "w8": {"fwd_warps": 8, "fwd_mt": 1, "bwd_warps": 8},
+    "mt1": {"fwd_mt": 1},
     "mt2-bn32": {"fwd_mt": 2, "fwd_bn": 32},
 }
 
