@@ -4,8 +4,9 @@ Measures the two ceilings first (a large device-to-device copy, counting bytes r
 8192^3 cuBLAS product), then times each op at the shapes of the T1 workload (Qwen3-0.6B, one micro-batch of
 16 x 1152 tokens) with CUDA events (median of repeats after warm-up, fresh random inputs, never zeros), and
 prints achieved GB/s or TFLOP/s and the fraction of the ceiling. Each op is timed twice: replayed from a
-CUDA graph (device time, what the rates use) and called eagerly from Python (adds the launchers' host cost). Bytes counted are the fewest each op must
-move (inputs read once, outputs written once); FLOPs are the useful ones (causal attention: half the square).
+CUDA graph (device time, what the rates use) and called eagerly from Python (adds the launchers' host
+cost). Bytes counted are the fewest each op must move (inputs read once, outputs written once); FLOPs are
+the useful ones (causal attention: half the square).
 
 usage: PYTHONPATH=src python bench/bench_kernels.py [--csv out.csv] [--only substring]
 """
@@ -96,18 +97,35 @@ def cases():
     y, rstd = cuda.rmsnorm(x, w_norm, 1e-6)
     dw_norm = cupy.zeros(C, np.float32)
     yield "rmsnorm", f"{T}x{C}", lambda: cuda.rmsnorm(x, w_norm, 1e-6), 2 * x.nbytes + 4 * T, 0
-    yield "rmsnorm_backward", f"{T}x{C}", lambda: cuda.rmsnorm_backward(y, x, w_norm, rstd, dw_norm), 3 * x.nbytes, 0
+    yield (
+        "rmsnorm_backward",
+        f"{T}x{C}",
+        lambda: cuda.rmsnorm_backward(y, x, w_norm, rstd, dw_norm),
+        3 * x.nbytes,
+        0,
+    )
 
     w_up = rand((2 * I, C), scale=C**-0.5)
     dw_up = cupy.zeros((2 * I, C), np.float32)
     gate_up = rand((T, 2 * I))
     yield "linear", f"{T}x{C} @ {C}x{2 * I}", lambda: cuda.linear(x, w_up), 0, 2 * T * C * 2 * I
-    yield ("linear_backward", f"{T}x{2 * I} -> dx, dw fp32", lambda: cuda.linear_backward(gate_up, x, w_up, dw_up),
-           0, 4 * T * C * 2 * I)
+    yield (
+        "linear_backward",
+        f"{T}x{2 * I} -> dx, dw fp32",
+        lambda: cuda.linear_backward(gate_up, x, w_up, dw_up),
+        0,
+        4 * T * C * 2 * I,
+    )
 
     a = cuda.swiglu(gate_up)
     yield "swiglu", f"{T}x{2 * I}", lambda: cuda.swiglu(gate_up), gate_up.nbytes + a.nbytes, 0
-    yield "swiglu_backward", f"{T}x{2 * I}", lambda: cuda.swiglu_backward(a, gate_up), 2 * gate_up.nbytes + a.nbytes, 0
+    yield (
+        "swiglu_backward",
+        f"{T}x{2 * I}",
+        lambda: cuda.swiglu_backward(a, gate_up),
+        2 * gate_up.nbytes + a.nbytes,
+        0,
+    )
 
     qkv = rand((T, (H + 2 * K) * D))
     positions = cupy.tile(cupy.arange(1152, dtype=np.int32), T // 1152)
@@ -116,18 +134,34 @@ def cases():
     qn, kn = rand((D,)), rand((D,))
     out, q_rstd, k_rstd = cuda.qk_norm_rope(qkv, positions, cos, sin, H, K, qn, kn)
     dqn, dkn = cupy.zeros(D, np.float32), cupy.zeros(D, np.float32)
-    yield ("qk_norm_rope", f"{T}x{(H + 2 * K) * D}", lambda: cuda.qk_norm_rope(qkv, positions, cos, sin, H, K, qn, kn),
-           2 * qkv.nbytes, 0)
-    yield ("qk_norm_rope_backward", f"{T}x{(H + 2 * K) * D}",
-           lambda: cuda.qk_norm_rope_backward(out, qkv, positions, cos, sin, H, K, qn, kn, q_rstd, k_rstd, dqn, dkn),
-           3 * qkv.nbytes, 0)
+    yield (
+        "qk_norm_rope",
+        f"{T}x{(H + 2 * K) * D}",
+        lambda: cuda.qk_norm_rope(qkv, positions, cos, sin, H, K, qn, kn),
+        2 * qkv.nbytes,
+        0,
+    )
+    yield (
+        "qk_norm_rope_backward",
+        f"{T}x{(H + 2 * K) * D}",
+        lambda: cuda.qk_norm_rope_backward(
+            out, qkv, positions, cos, sin, H, K, qn, kn, q_rstd, k_rstd, dqn, dkn
+        ),
+        3 * qkv.nbytes,
+        0,
+    )
 
     ids = cupy.random.randint(0, V, T).astype(np.int32)
     table = rand((V, C))
     dtable = cupy.zeros((V, C), np.float32)
     yield "embedding", f"{T} of {V}x{C}", lambda: cuda.embedding(ids, table), 2 * x.nbytes, 0
-    yield "embedding_backward", f"{T} into {V}x{C} fp32", lambda: cuda.embedding_backward(x, ids, dtable), \
-        x.nbytes + 2 * T * C * 4, 0
+    yield (
+        "embedding_backward",
+        f"{T} into {V}x{C} fp32",
+        lambda: cuda.embedding_backward(x, ids, dtable),
+        x.nbytes + 2 * T * C * 4,
+        0,
+    )
 
     rows = 4096
     h = rand((rows, C))
@@ -135,17 +169,34 @@ def cases():
     targets = cupy.random.randint(0, V, rows).astype(np.int32)
     _, lse, _ = cuda.lm_head_logprobs(h, w_head, targets)
     dlogprobs = rand((rows,), np.float32)
-    yield "lm_head_logprobs", f"{rows}x{C} @ {C}x{V}", lambda: cuda.lm_head_logprobs(h, w_head, targets), 0, \
-        2 * rows * C * V
-    yield "lm_head_backward", f"{rows}x{C} @ {C}x{V}", \
-        lambda: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable), 0, 6 * rows * C * V
+    yield (
+        "lm_head_logprobs",
+        f"{rows}x{C} @ {C}x{V}",
+        lambda: cuda.lm_head_logprobs(h, w_head, targets),
+        0,
+        2 * rows * C * V,
+    )
+    yield (
+        "lm_head_backward",
+        f"{rows}x{C} @ {C}x{V}",
+        lambda: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable),
+        0,
+        6 * rows * C * V,
+    )
 
     n = 596_000_000  # Qwen3-0.6B parameters: fp32 master, moments and grads, bf16 working weights
     master, grad_flat = rand((n,), np.float32), rand((n,), np.float32, 1e-3)
     exp_avg, exp_avg_sq = cupy.zeros(n, np.float32), cupy.zeros(n, np.float32)
     working = cupy.empty(n, BF16)
-    yield "adamw_step", f"{n} params", lambda: cuda.adamw_step(master, grad_flat, exp_avg, exp_avg_sq, None, 1e-4, 0.9,
-                                                               0.95, 1e-8, 0.1, 1, 1.0, working), 30 * n, 0
+    yield (
+        "adamw_step",
+        f"{n} params",
+        lambda: cuda.adamw_step(
+            master, grad_flat, exp_avg, exp_avg_sq, None, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0, working
+        ),
+        30 * n,
+        0,
+    )
     yield "grad_norm", f"{n} fp32", lambda: cuda.grad_norm(grad_flat), 4 * n, 0
 
     cu = cupy.arange(0, T + 1, 1152, dtype=np.int32)
@@ -154,30 +205,54 @@ def cases():
     v = qkv[:, (H + K) * D :].reshape(T, K, D)
     o, lse_attn = cuda.attention(q, k, v, cu, D**-0.5)
     attn_flops = 4 * (T // 1152) * (1152 * 1152 / 2) * D * H
+
     def configured(fn, **config):
         def run():
             flash_attention.CONFIG.update(config)
             return fn()
+
         return run
 
     shape = f"16 x 1152, H{H} K{K} D{D}"
-    forward = [{"fwd_warps": 4, "fwd_mt": 1, "fwd_bn": 64}, {"fwd_warps": 8, "fwd_mt": 1, "fwd_bn": 64},
-               {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 64}, {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 32}]
+    forward = [
+        {"fwd_warps": 4, "fwd_mt": 1, "fwd_bn": 64},
+        {"fwd_warps": 8, "fwd_mt": 1, "fwd_bn": 64},
+        {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 64},
+        {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 32},
+    ]
     for config in forward:  # block shapes of the forward kernel
         name = f"attention[{config['fwd_warps']}w mt{config['fwd_mt']} bn{config['fwd_bn']}]"
         yield name, shape, configured(lambda: cuda.attention(q, k, v, cu, D**-0.5), **config), 0, attn_flops
     for warps in (4, 8):
-        yield (f"attention_backward[{warps}w]", shape, configured(
-            lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=warps), 0,
-            2.5 * attn_flops)
-    yield ("attention_backward[4w, no dQ: timing only]", shape, configured(
-        lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=4,
-        defines={"SKIP_DQ_ATOMICS": 1}), 0, 2.5 * attn_flops)
+        yield (
+            f"attention_backward[{warps}w]",
+            shape,
+            configured(
+                lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5), bwd_warps=warps
+            ),
+            0,
+            2.5 * attn_flops,
+        )
+    yield (
+        "attention_backward[4w, no dQ: timing only]",
+        shape,
+        configured(
+            lambda: cuda.attention_backward(o, q, k, v, o, lse_attn, cu, D**-0.5),
+            bwd_warps=4,
+            defines={"SKIP_DQ_ATOMICS": 1},
+        ),
+        0,
+        2.5 * attn_flops,
+    )
     flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=2, fwd_bn=64, bwd_warps=4, defines={})
     for chunk in (1024, 4096):
-        yield (f"lm_head_backward[chunk {chunk}]", f"{rows}x{C} @ {C}x{V}",
-               lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk), 0,
-               6 * rows * C * V)
+        yield (
+            f"lm_head_backward[chunk {chunk}]",
+            f"{rows}x{C} @ {C}x{V}",
+            lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk),
+            0,
+            6 * rows * C * V,
+        )
 
 
 def main() -> None:
@@ -188,8 +263,10 @@ def main() -> None:
     parser.add_argument("--only", default="", help="only ops whose name contains this")
     args = parser.parse_args()
     copy_gbs, gemm_tflops = ceilings()
-    print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: copy {copy_gbs:.0f} GB/s, "
-          f"bf16 GEMM 8192^3 {gemm_tflops:.0f} TFLOP/s")
+    print(
+        f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: copy {copy_gbs:.0f} GB/s, "
+        f"bf16 GEMM 8192^3 {gemm_tflops:.0f} TFLOP/s"
+    )
     rows = []
     for name, shape, fn, nbytes, flops in cases():
         if args.only not in name:

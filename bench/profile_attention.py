@@ -48,7 +48,10 @@ def peer(q, k, v) -> None:
     tq, tk, tv = to_torch(q), to_torch(k), to_torch(v)
     flops = 4 * SEQS * (L * L / 2) * D * H
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        tk2, tv2 = tk.repeat_interleave(H // K, 1), tv.repeat_interleave(H // K, 1)  # flash SDPA needs equal heads
+        tk2, tv2 = (
+            tk.repeat_interleave(H // K, 1),
+            tv.repeat_interleave(H // K, 1),
+        )  # flash SDPA needs equal heads
         out = F.scaled_dot_product_attention(tq, tk2, tv2, is_causal=True)
         grad = torch.randn_like(out)
         ms_f = timed(lambda: F.scaled_dot_product_attention(tq, tk2, tv2, is_causal=True))

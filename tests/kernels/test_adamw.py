@@ -29,12 +29,20 @@ def test_adamw_step(draw, grad_dtype, work_dtype, masked):
     if working is not None:
         poison(working)
     want = [a.copy() for a in (master, exp_avg, exp_avg_sq)]
-    args = {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "step": 3,
-            "grad_scale": 0.5}
+    args = {
+        "lr": 3e-4,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "eps": 1e-8,
+        "weight_decay": 0.1,
+        "step": 3,
+        "grad_scale": 0.5,
+    }
     ref.adamw_step(want[0], f32(grad), want[1], want[2], mask, **args)
     cuda.adamw_step(master, grad, exp_avg, exp_avg_sq, mask, **args, working_out=working)
-    for name, got, expect in zip(("master", "exp_avg", "exp_avg_sq"), (master, exp_avg, exp_avg_sq), want,
-                                 strict=True):
+    for name, got, expect in zip(
+        ("master", "exp_avg", "exp_avg_sq"), (master, exp_avg, exp_avg_sq), want, strict=True
+    ):
         assert_close(name, got, expect, FP32)
     if working is not None:  # master rounded once to the working dtype
         assert_close("working", working, want[0], work_dtype)

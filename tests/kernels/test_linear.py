@@ -22,7 +22,9 @@ def test_linear(draw, dtype, shape, epilogue):
     bias = draw.normal((N,), dtype) if epilogue in ("bias", "both") else None
     residual = draw.normal((T, N), dtype) if epilogue in ("residual", "both") else None
     out = cuda.linear(x, w, bias, residual)
-    want = ref.linear(f32(x), f32(w), None if bias is None else f32(bias), None if residual is None else f32(residual))
+    want = ref.linear(
+        f32(x), f32(w), None if bias is None else f32(bias), None if residual is None else f32(residual)
+    )
     assert out.dtype == dtype
     assert_close("y", out, want, dtype)
 

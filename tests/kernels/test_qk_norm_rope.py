@@ -46,8 +46,9 @@ def test_qk_norm_rope(draw, dtype, head_dim, heads, norm):
     dqn, dkn = draw.normal((head_dim,), FP32), draw.normal((head_dim,), FP32)
     dqn_ref, dkn_ref = dqn.copy(), dkn.copy()
     dqkv = cuda.qk_norm_rope_backward(dout, qkv, positions, cos, sin, H, K, qn, kn, q_rstd, k_rstd, dqn, dkn)
-    dqkv_ref = ref.qk_norm_rope_backward(f32(dout), f32(qkv), positions, cos, sin, H, K, *ref_norms,
-                                         q_rstd_ref, k_rstd_ref, dqn_ref, dkn_ref)
+    dqkv_ref = ref.qk_norm_rope_backward(
+        f32(dout), f32(qkv), positions, cos, sin, H, K, *ref_norms, q_rstd_ref, k_rstd_ref, dqn_ref, dkn_ref
+    )
     assert_close("dqkv", dqkv, dqkv_ref, dtype)
     if norm:
         assert_close("dq_norm", dqn, dqn_ref, dtype)

@@ -21,4 +21,6 @@ def test_swiglu(draw, dtype, shape):
     assert a.dtype == dtype
     assert_close("a", a, ref.swiglu(f32(gate_up)), dtype)
     da = draw.normal((T, inter), dtype)
-    assert_close("dgate_up", cuda.swiglu_backward(da, gate_up), ref.swiglu_backward(f32(da), f32(gate_up)), dtype)
+    assert_close(
+        "dgate_up", cuda.swiglu_backward(da, gate_up), ref.swiglu_backward(f32(da), f32(gate_up)), dtype
+    )

@@ -25,7 +25,10 @@ def grad_norm(grad) -> float:
     """Global L2 norm of a flat gradient (N,), fp32 per block, fp64 across blocks."""
     import cupy
 
-    require(grad.ndim == 1 and grad.flags.c_contiguous, f"grad_norm: grad must be flat and dense, got {grad.shape}")
+    require(
+        grad.ndim == 1 and grad.flags.c_contiguous,
+        f"grad_norm: grad must be flat and dense, got {grad.shape}",
+    )
     total = cupy.zeros(1, np.float64)
     if grad.size:
         kernel = load_kernel("adamw.cu", "grad_sum_squares", {"DTYPE": ctype(grad.dtype)})
@@ -33,26 +36,63 @@ def grad_norm(grad) -> float:
     return math.sqrt(float(total.get()[0]))
 
 
-def adamw_step(master, grad, exp_avg, exp_avg_sq, decay_mask, lr: float, beta1: float, beta2: float, eps: float,
-               weight_decay: float, step: int, grad_scale: float = 1.0, working_out=None) -> None:
+def adamw_step(
+    master,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    decay_mask,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float = 1.0,
+    working_out=None,
+) -> None:
     """One AdamW update, in place, on flat (N,) arrays (see backend.ref.optim.adamw_step)."""
     if step < 1:
         raise ValueError(f"adamw_step: step is 1-based, got {step}")
     n = master.shape[0]
-    for name, a in (("master", master), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq),
-                    ("decay_mask", decay_mask), ("working_out", working_out)):
+    for name, a in (
+        ("master", master),
+        ("grad", grad),
+        ("exp_avg", exp_avg),
+        ("exp_avg_sq", exp_avg_sq),
+        ("decay_mask", decay_mask),
+        ("working_out", working_out),
+    ):
         if a is not None:
             require(a.shape == (n,), f"adamw_step: {name} has shape {a.shape}, master has ({n},)")
             require(a.flags.c_contiguous, f"adamw_step: {name} must be dense")
     for name, a in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         require(a.dtype == np.float32, f"adamw_step: {name} must be fp32, got {a.dtype}")
     if decay_mask is not None and decay_mask.dtype != np.uint8:
-        decay_mask = decay_mask.view(np.uint8) if decay_mask.dtype == np.bool_ else decay_mask.astype(np.uint8)
+        decay_mask = (
+            decay_mask.view(np.uint8) if decay_mask.dtype == np.bool_ else decay_mask.astype(np.uint8)
+        )
     work_dtype = ctype(working_out.dtype) if working_out is not None else "float"
     kernel = load_kernel("adamw.cu", "adamw_step", {"DTYPE": ctype(grad.dtype), "WORK_DTYPE": work_dtype})
     decay = 1.0 - lr * weight_decay if weight_decay != 0.0 else 1.0
     if n:
-        kernel((_grid(n),), (_THREADS,), (
-            master, exp_avg, exp_avg_sq, ptr(working_out), grad, ptr(decay_mask), np.int64(n),
-            np.float32(grad_scale), np.float32(beta1), np.float32(beta2), np.float32(eps), np.float32(decay),
-            np.float32(lr / (1.0 - beta1**step)), np.float32(math.sqrt(1.0 - beta2**step))))
+        kernel(
+            (_grid(n),),
+            (_THREADS,),
+            (
+                master,
+                exp_avg,
+                exp_avg_sq,
+                ptr(working_out),
+                grad,
+                ptr(decay_mask),
+                np.int64(n),
+                np.float32(grad_scale),
+                np.float32(beta1),
+                np.float32(beta2),
+                np.float32(eps),
+                np.float32(decay),
+                np.float32(lr / (1.0 - beta1**step)),
+                np.float32(math.sqrt(1.0 - beta2**step)),
+            ),
+        )

@@ -1,4 +1,4 @@
-"""Compile the CUDA C++ kernels of `csrc/` at run time through NVRTC (CuPy), with an in-process and disk cache.
+"""Compile the CUDA C++ kernels of `csrc/` at run time through NVRTC (CuPy); in-process and disk caches.
 
 Design decisions:
 - Kernels compile on first use, never at import: `load_kernel` is called by each launcher when it first runs.
@@ -117,8 +117,17 @@ def nvcc_compile_check(cu_file: str, arch: str | int, defines: dict | None = Non
         raise FileNotFoundError("nvcc is not on PATH")
     path = _cu_path(cu_file)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc, "--std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *_define_options(defines),
-               "-cubin", "-o", os.path.join(tmp, "out.cubin"), str(path)]
+        cmd = [
+            nvcc,
+            "--std=c++17",
+            f"-arch=sm_{arch}",
+            f"-I{CSRC}",
+            *_define_options(defines),
+            "-cubin",
+            "-o",
+            os.path.join(tmp, "out.cubin"),
+            str(path),
+        ]
         result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise KernelBuildError(f"nvcc failed on {path} (sm_{arch}):\n{result.stderr}{result.stdout}")

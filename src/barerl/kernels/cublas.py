@@ -72,8 +72,12 @@ class _Handle:
         stream = cupy.cuda.get_current_stream().ptr
         if stream != self.stream:
             _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
-            _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
-                                                  ctypes.c_size_t(_WORKSPACE_BYTES)), "cublasSetWorkspace_v2")
+            _check(
+                self.lib.cublasSetWorkspace_v2(
+                    self.handle, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)
+                ),
+                "cublasSetWorkspace_v2",
+            )
             self.stream = stream
 
 
@@ -132,9 +136,25 @@ def gemm(a, b, out, transa: bool = False, transb: bool = False, alpha: float = 1
     f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
     in_type, out_type = _CUDA_DTYPE[a.dtype.name], _CUDA_DTYPE[out.dtype.name]
     status = h.lib.cublasGemmEx(
-        h.handle, _OP[transb], _OP[transa], n, m, k, ctypes.byref(f_alpha),
-        ctypes.c_void_p(b.data.ptr), in_type, ldb, ctypes.c_void_p(a.data.ptr), in_type, lda,
-        ctypes.byref(f_beta), ctypes.c_void_p(out.data.ptr), out_type, ldc, _COMPUTE_32F, _GEMM_DEFAULT,
+        h.handle,
+        _OP[transb],
+        _OP[transa],
+        n,
+        m,
+        k,
+        ctypes.byref(f_alpha),
+        ctypes.c_void_p(b.data.ptr),
+        in_type,
+        ldb,
+        ctypes.c_void_p(a.data.ptr),
+        in_type,
+        lda,
+        ctypes.byref(f_beta),
+        ctypes.c_void_p(out.data.ptr),
+        out_type,
+        ldc,
+        _COMPUTE_32F,
+        _GEMM_DEFAULT,
     )
     _check(status, f"cublasGemmEx(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
     return out

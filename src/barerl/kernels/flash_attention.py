@@ -38,8 +38,15 @@ def _setup(q, k, v, cu_seqlens, kernel_name: str):
     require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
     require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
     require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
-    defines = {"DTYPE": ctype(q.dtype), "HEAD_DIM": D, "FWD_WARPS": CONFIG["fwd_warps"], "FWD_MT": CONFIG["fwd_mt"],
-               "FWD_BN_KEYS": CONFIG["fwd_bn"], "BWD_WARPS": CONFIG["bwd_warps"], **CONFIG["defines"]}
+    defines = {
+        "DTYPE": ctype(q.dtype),
+        "HEAD_DIM": D,
+        "FWD_WARPS": CONFIG["fwd_warps"],
+        "FWD_MT": CONFIG["fwd_mt"],
+        "FWD_BN_KEYS": CONFIG["fwd_bn"],
+        "BWD_WARPS": CONFIG["bwd_warps"],
+        **CONFIG["defines"],
+    }
     cu = contiguous(cu_seqlens.astype(np.int32, copy=False))
     return load_kernel("flash_attention.cu", kernel_name, defines), defines, cu, cu.shape[0] - 1
 
@@ -59,7 +66,11 @@ def attention(q, k, v, cu_seqlens, scale):
 
     if q.dtype == np.float32:
         return ref.attention(q, k, v, cu_seqlens, scale)
-    q, k, v = _rows(q, "q"), _rows(k.astype(q.dtype, copy=False), "k"), _rows(v.astype(q.dtype, copy=False), "v")
+    q, k, v = (
+        _rows(q, "q"),
+        _rows(k.astype(q.dtype, copy=False), "k"),
+        _rows(v.astype(q.dtype, copy=False), "v"),
+    )
     T, H, D = q.shape
     kernel, _, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_forward")
     o = cupy.empty((T, H, D), q.dtype)
@@ -67,9 +78,25 @@ def attention(q, k, v, cu_seqlens, scale):
     if T:
         block_m = 16 * CONFIG["fwd_mt"] * CONFIG["fwd_warps"]
         smem = _smem(kernel, (block_m + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
-        kernel((-(-T // block_m) + num_seqs, H), (32 * CONFIG["fwd_warps"],),
-               (o, lse, q, k, v, cu, np.int32(num_seqs), np.int32(H), np.int32(k.shape[1]), *_strides(q, k, v),
-                np.int32(T), np.float32(scale * _LOG2E)), shared_mem=smem)
+        kernel(
+            (-(-T // block_m) + num_seqs, H),
+            (32 * CONFIG["fwd_warps"],),
+            (
+                o,
+                lse,
+                q,
+                k,
+                v,
+                cu,
+                np.int32(num_seqs),
+                np.int32(H),
+                np.int32(k.shape[1]),
+                *_strides(q, k, v),
+                np.int32(T),
+                np.float32(scale * _LOG2E),
+            ),
+            shared_mem=smem,
+        )
     return o, lse
 
 
@@ -79,7 +106,11 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
 
     if q.dtype == np.float32:
         return ref.attention_backward(do, q, k, v, o, lse, cu_seqlens, scale)
-    q, k, v = _rows(q, "q"), _rows(k.astype(q.dtype, copy=False), "k"), _rows(v.astype(q.dtype, copy=False), "v")
+    q, k, v = (
+        _rows(q, "q"),
+        _rows(k.astype(q.dtype, copy=False), "k"),
+        _rows(v.astype(q.dtype, copy=False), "v"),
+    )
     do, o = contiguous(do.astype(q.dtype, copy=False)), contiguous(o.astype(q.dtype, copy=False))
     T, H, D = q.shape
     K = k.shape[1]
@@ -92,14 +123,40 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
         return dq, dk, dv
     delta = cupy.empty((H, T), np.float32)
     load_kernel("flash_attention.cu", "attention_delta", defines)(
-        (max(1, min(-(-T * H // 4), multiprocessors() * 16)),), (_DELTA_THREADS,),
-        (delta, do, o, np.int32(T), np.int32(H)))
+        (max(1, min(-(-T * H // 4), multiprocessors() * 16)),),
+        (_DELTA_THREADS,),
+        (delta, do, o, np.int32(T), np.int32(H)),
+    )
     item, block_n = q.dtype.itemsize, 16 * CONFIG["bwd_warps"]
-    smem = _smem(kernel, (2 * block_n + 2 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item
-                 + 2 * _BWD_BM * 4)
-    kernel((-(-T // block_n) + num_seqs, K), (32 * CONFIG["bwd_warps"],),
-           (dq_accum, dk, dv, q, k, v, do, contiguous(lse), delta, cu, np.int32(num_seqs), np.int32(H), np.int32(K),
-            *_strides(q, k, v), np.int32(T), np.float32(scale), np.float32(scale * _LOG2E)), shared_mem=smem)
+    smem = _smem(
+        kernel,
+        (2 * block_n + 2 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item + 2 * _BWD_BM * 4,
+    )
+    kernel(
+        (-(-T // block_n) + num_seqs, K),
+        (32 * CONFIG["bwd_warps"],),
+        (
+            dq_accum,
+            dk,
+            dv,
+            q,
+            k,
+            v,
+            do,
+            contiguous(lse),
+            delta,
+            cu,
+            np.int32(num_seqs),
+            np.int32(H),
+            np.int32(K),
+            *_strides(q, k, v),
+            np.int32(T),
+            np.float32(scale),
+            np.float32(scale * _LOG2E),
+        ),
+        shared_mem=smem,
+    )
     load_kernel("flash_attention.cu", "round_to_dtype", defines)(
-        (num_blocks(dq.size, 256),), (256,), (dq, dq_accum, np.int64(dq.size)))
+        (num_blocks(dq.size, 256),), (256,), (dq, dq_accum, np.int64(dq.size))
+    )
     return dq, dk, dv

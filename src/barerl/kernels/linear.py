@@ -22,7 +22,7 @@ def _cast(x, dtype):
 
 
 def linear(x, w, bias=None, residual=None):
-    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N) in x's dtype."""
+    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N), x's dtype."""
     import cupy
 
     w, bias, residual = _cast(w, x.dtype), _cast(bias, x.dtype), _cast(residual, x.dtype)
@@ -32,8 +32,11 @@ def linear(x, w, bias=None, residual=None):
     if residual is not None:
         residual = cupy.ascontiguousarray(residual)
     kernel = load_kernel("linear.cu", "bias_residual_fill", {"DTYPE": ctype(x.dtype)})
-    kernel((num_blocks(out.size, 256),), (256,), (out, ptr(bias), ptr(residual), np.int64(out.shape[0]),
-                                                np.int32(out.shape[1])))
+    kernel(
+        (num_blocks(out.size, 256),),
+        (256,),
+        (out, ptr(bias), ptr(residual), np.int64(out.shape[0]), np.int32(out.shape[1])),
+    )
     return gemm(x, w, out, transb=True, beta=1.0)
 
 

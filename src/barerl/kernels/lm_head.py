@@ -19,7 +19,11 @@ _THREADS = 512
 
 
 def _inputs(h, w, targets):
-    return contiguous(h), contiguous(w.astype(h.dtype, copy=False)), contiguous(targets.astype(np.int32, copy=False))
+    return (
+        contiguous(h),
+        contiguous(w.astype(h.dtype, copy=False)),
+        contiguous(targets.astype(np.int32, copy=False)),
+    )
 
 
 def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK):
@@ -37,11 +41,15 @@ def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_H
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
         gemm(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
-        kernel((b - a,), (_THREADS,), (logprobs[a:b], lse[a:b], entropy[a:b], logits, targets[a:b], np.int32(V)))
+        kernel(
+            (b - a,), (_THREADS,), (logprobs[a:b], lse[a:b], entropy[a:b], logits, targets[a:b], np.int32(V))
+        )
     return logprobs, lse, entropy
 
 
-def lm_head_backward(dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK):
+def lm_head_backward(
+    dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK
+):
     """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ..., returns dh (T, C) in h's dtype."""
     import cupy
 
@@ -57,8 +65,19 @@ def lm_head_backward(dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chu
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
         gemm(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
-        kernel((b - a,), (_THREADS,), (dlogits, logits, targets[a:b], lse[a:b], dlogprobs[a:b], np.int32(V),
-                                       np.float32(inv_temperature)))
+        kernel(
+            (b - a,),
+            (_THREADS,),
+            (
+                dlogits,
+                logits,
+                targets[a:b],
+                lse[a:b],
+                dlogprobs[a:b],
+                np.int32(V),
+                np.float32(inv_temperature),
+            ),
+        )
         gemm(dlogits[: b - a], w, dh[a:b])
         gemm(dlogits[: b - a], h[a:b], dw, transa=True, beta=1.0)
     return dh

@@ -20,10 +20,14 @@ _WARPS = 4
 def _setup(qkv, num_heads, num_kv_heads, cos, kernel_name):
     heads = num_heads + 2 * num_kv_heads
     head_dim = qkv.shape[1] // heads
-    require(qkv.ndim == 2 and head_dim * heads == qkv.shape[1],
-            f"qk_norm_rope: qkv shape {qkv.shape} is not (T, ({num_heads} + 2 x {num_kv_heads}) x head_dim)")
+    require(
+        qkv.ndim == 2 and head_dim * heads == qkv.shape[1],
+        f"qk_norm_rope: qkv shape {qkv.shape} is not (T, ({num_heads} + 2 x {num_kv_heads}) x head_dim)",
+    )
     require(head_dim % 64 == 0, f"qk_norm_rope: head_dim {head_dim} must be a multiple of 64")
-    require(cos.shape[-1] == head_dim // 2, f"qk_norm_rope: cos/sin last axis {cos.shape[-1]} != {head_dim // 2}")
+    require(
+        cos.shape[-1] == head_dim // 2, f"qk_norm_rope: cos/sin last axis {cos.shape[-1]} != {head_dim // 2}"
+    )
     kernel = load_kernel("qk_norm_rope.cu", kernel_name, {"DTYPE": ctype(qkv.dtype), "HEAD_DIM": head_dim})
     grid = max(1, min(-(-qkv.shape[0] // _WARPS), multiprocessors() * 16))
     return kernel, (grid,), (32 * _WARPS,)
@@ -49,9 +53,25 @@ def qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm=None,
     out = cupy.empty_like(qkv)
     norms = [contiguous(n.astype(qkv.dtype, copy=False)) if has_norm else None for n in (q_norm, k_norm)]
     if tokens:
-        kernel(grid, block, (out, q_rstd, k_rstd, qkv, contiguous(positions.astype(np.int32, copy=False)),
-                             _table(cos), _table(sin), ptr(norms[0]), ptr(norms[1]), np.int32(tokens),
-                             np.int32(num_heads), np.int32(num_kv_heads), np.float32(eps)))
+        kernel(
+            grid,
+            block,
+            (
+                out,
+                q_rstd,
+                k_rstd,
+                qkv,
+                contiguous(positions.astype(np.int32, copy=False)),
+                _table(cos),
+                _table(sin),
+                ptr(norms[0]),
+                ptr(norms[1]),
+                np.int32(tokens),
+                np.int32(num_heads),
+                np.int32(num_kv_heads),
+                np.float32(eps),
+            ),
+        )
     return out, q_rstd, k_rstd
 
 
@@ -71,11 +91,27 @@ def qk_norm_rope_backward(
     acc_k = fp32_accumulator(dk_norm) if has_norm else None
     norms = [contiguous(n.astype(qkv.dtype, copy=False)) if has_norm else None for n in (q_norm, k_norm)]
     if tokens:
-        kernel(grid, block, (dqkv, ptr(acc_q), ptr(acc_k), dout, qkv,
-                             contiguous(positions.astype(np.int32, copy=False)), _table(cos), _table(sin),
-                             ptr(norms[0]), ptr(norms[1]), ptr(contiguous(q_rstd) if has_norm else None),
-                             ptr(contiguous(k_rstd) if has_norm else None), np.int32(tokens),
-                             np.int32(num_heads), np.int32(num_kv_heads)))
+        kernel(
+            grid,
+            block,
+            (
+                dqkv,
+                ptr(acc_q),
+                ptr(acc_k),
+                dout,
+                qkv,
+                contiguous(positions.astype(np.int32, copy=False)),
+                _table(cos),
+                _table(sin),
+                ptr(norms[0]),
+                ptr(norms[1]),
+                ptr(contiguous(q_rstd) if has_norm else None),
+                ptr(contiguous(k_rstd) if has_norm else None),
+                np.int32(tokens),
+                np.int32(num_heads),
+                np.int32(num_kv_heads),
+            ),
+        )
     if has_norm:
         finish_accumulation(dq_norm, acc_q)
         finish_accumulation(dk_norm, acc_k)

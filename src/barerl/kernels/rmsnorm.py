@@ -39,8 +39,11 @@ def rmsnorm(x, w, eps):
     rstd = cupy.empty(x.shape[:-1], np.float32)
     if rows:
         kernel = load_kernel("rmsnorm.cu", "rmsnorm_forward", {"DTYPE": ctype(x.dtype)})
-        kernel((_grid(rows, 1024),), (32 * _ROWS_PER_BLOCK,),  # a warp per row: all rows in flight
-               (y, rstd, x, w, np.int32(rows), np.int32(cols), np.float32(eps)))
+        kernel(
+            (_grid(rows, 1024),),
+            (32 * _ROWS_PER_BLOCK,),  # a warp per row: all rows in flight
+            (y, rstd, x, w, np.int32(rows), np.int32(cols), np.float32(eps)),
+        )
     return y, rstd
 
 
@@ -58,7 +61,11 @@ def rmsnorm_backward(dy, x, w, rstd, dw):
         smem = _ROWS_PER_BLOCK * cols * 4
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
-        kernel((_grid(rows, 16),), (32 * _ROWS_PER_BLOCK,),  # fewer blocks: fewer dw atomics
-               (dx, acc, dy, x, w, contiguous(rstd), np.int32(rows), np.int32(cols)), shared_mem=smem)
+        kernel(
+            (_grid(rows, 16),),
+            (32 * _ROWS_PER_BLOCK,),  # fewer blocks: fewer dw atomics
+            (dx, acc, dy, x, w, contiguous(rstd), np.int32(rows), np.int32(cols)),
+            shared_mem=smem,
+        )
     finish_accumulation(dw, acc)
     return dx

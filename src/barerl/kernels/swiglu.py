@@ -11,8 +11,10 @@ from barerl.kernels.launch import contiguous, num_blocks, require
 def _inter(gate_up) -> int:
     inter = gate_up.shape[-1] // 2
     vec = 16 // gate_up.dtype.itemsize
-    require(gate_up.shape[-1] % 2 == 0 and inter % vec == 0,
-            f"swiglu: gate_up's last axis ({gate_up.shape[-1]}) must be 2 x a multiple of {vec}")
+    require(
+        gate_up.shape[-1] % 2 == 0 and inter % vec == 0,
+        f"swiglu: gate_up's last axis ({gate_up.shape[-1]}) must be 2 x a multiple of {vec}",
+    )
     return inter
 
 
@@ -25,8 +27,11 @@ def swiglu(gate_up):
     rows = gate_up.shape[0]
     a = cupy.empty((rows, inter), gate_up.dtype)
     kernel = load_kernel("swiglu.cu", "swiglu_forward", {"DTYPE": ctype(gate_up.dtype)})
-    kernel((num_blocks(a.size // (16 // a.dtype.itemsize), 256),), (256,), (a, gate_up, np.int64(rows),
-                                                                             np.int32(inter)))
+    kernel(
+        (num_blocks(a.size // (16 // a.dtype.itemsize), 256),),
+        (256,),
+        (a, gate_up, np.int64(rows), np.int32(inter)),
+    )
     return a
 
 
@@ -40,6 +45,9 @@ def swiglu_backward(da, gate_up):
     rows = gate_up.shape[0]
     dgate_up = cupy.empty_like(gate_up)
     kernel = load_kernel("swiglu.cu", "swiglu_backward", {"DTYPE": ctype(gate_up.dtype)})
-    kernel((num_blocks(da.size // (16 // da.dtype.itemsize), 256),), (256,),
-           (dgate_up, da, gate_up, np.int64(rows), np.int32(inter)))
+    kernel(
+        (num_blocks(da.size // (16 // da.dtype.itemsize), 256),),
+        (256,),
+        (dgate_up, da, gate_up, np.int64(rows), np.int32(inter)),
+    )
     return dgate_up
