@@ -153,3 +153,17 @@ def test_cli_errors_name_the_problem(model_folder, tmp_path):
     assert bad.returncode == 1 and "nowhere" in bad.stderr
     bad = cli("grpo", "--model", folder, "--dataset", data, "--reward_funcs", "nosuchmodule:fn")
     assert bad.returncode == 1 and "nosuchmodule" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["grpo_smollm2.yaml", "sft_chat.yaml"])
+def test_example_configs_load(name):
+    from barerl.train.config import load_config
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    cls = GRPOConfig if name.startswith("grpo") else SFTConfig
+    cfg = load_config(cls, os.path.join(root, "examples", name))
+    if cls is GRPOConfig:
+        from barerl.train.data import load_dataset
+
+        rows = load_dataset(os.path.join(root, cfg.dataset), task="grpo").rows
+        assert len(rows) == 1000 and "answer" in rows[0]

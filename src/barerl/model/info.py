@@ -8,10 +8,9 @@ even for a large model. The tokenizer is duck-typed (ours or a transformers one)
 from __future__ import annotations
 
 import argparse
-import os
 
 from barerl.config import ModelConfig
-from barerl.model.checkpoint import load_config, stored_dtypes
+from barerl.model.checkpoint import load_config, resolve_model_path, stored_dtypes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,19 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    print(describe(load_config(args.model), _load_tokenizer(args.model), stored_dtypes(args.model)))
+    from barerl.tokenizer import load_tokenizer
 
-
-def _load_tokenizer(path: str):
-    """The model's tokenizer (from the folder's tokenizer.json or the GGUF's vocabulary), or None."""
-    from barerl.tokenizer import Tokenizer
-
-    if os.path.isdir(path):
-        return Tokenizer.from_pretrained(path) if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
-    from barerl.model.gguf import read_gguf
-
-    model = read_gguf(path)
-    return Tokenizer.from_gguf(model) if model.tokenizer_spec is not None else None
+    path = resolve_model_path(args.model)
+    print(describe(load_config(path), load_tokenizer(path), stored_dtypes(path)))
 
 
 def describe(cfg: ModelConfig, tokenizer=None, stored: dict[str, int] | None = None) -> str:

@@ -132,6 +132,10 @@ class GRPOConfig(TrainConfig):
     reward_funcs: tuple[str, ...] = opt((), "Reward functions, comma-separated or repeated: 'module:function', "
                                         "'path/to/file.py:function' or a built-in name.")
     reward_weights: tuple[float, ...] | None = opt(None, "Weight of each reward function (None: all 1.0).")
+    reward_num_workers: int = opt(0, "Worker processes for the reward functions (0: a thread of the trainer; "
+                                  "use workers for rewards that run code or call out).", min=0)
+    reward_timeout: float | None = opt(None, "Seconds a reward call may take before it is stopped and the run "
+                                       "fails naming it (None: no limit).", gt=0.0)
     scale_rewards: str = opt("group", "Advantage scaling: group (divide by the group's reward std), batch "
                              "(by the batch's std) or none (Dr. GRPO). true/false mean group/none.",
                              choices=("group", "batch", "none", "true", "false"))

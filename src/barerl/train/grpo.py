@@ -27,13 +27,14 @@ import numpy as np
 
 from barerl.model.model import Model, SamplingFilter
 from barerl.model.weights import ParameterBuffer
+from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
 from barerl.train.losses import logprob_mismatch, policy_loss
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
 from barerl.train.schedule import resolve_total_steps
-from barerl.train.session import TrainingSession, load_tokenizer
+from barerl.train.session import TrainingSession
 
 
 @dataclass
@@ -71,7 +72,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
               max_model_len=(cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {}))
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
-    with RewardRunner(rewards, num_workers=0) as runner:
+    with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
         while run.step < total:
             batch_rows = [rows[i] for i in sampler.take(num_prompts)]
             rollouts = generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner)

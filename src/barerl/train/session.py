@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from barerl.model.model import Model
+from barerl.tokenizer import load_tokenizer
 from barerl.train.metrics import MetricsLogger
 from barerl.train.optimizer import AdamW
 from barerl.train.schedule import make_schedule
@@ -35,16 +36,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
-def load_tokenizer(path: str):
-    from barerl.tokenizer import Tokenizer
-
-    if str(path).endswith(".gguf"):
-        from barerl.model.gguf import read_gguf
-
-        return Tokenizer.from_gguf(read_gguf(path))
-    return Tokenizer.from_pretrained(path)
-
-
 class TrainingSession:
     def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
         self.cfg = cfg
@@ -55,6 +46,8 @@ class TrainingSession:
             model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_dtype(cfg.dtype, self.device))
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+        if self.tokenizer is None:
+            raise ValueError(f"model: {cfg.model} has no tokenizer (a folder needs tokenizer.json)")
         self.optimizer = AdamW.from_config(model.params, model.backend, cfg)
         self.total_steps = total_steps
         self.schedule = make_schedule(cfg.lr_scheduler_type, cfg.learning_rate, total_steps, cfg.warmup_steps,

@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
     EpochSampler,
@@ -26,7 +27,7 @@ from barerl.train.data import (
 )
 from barerl.train.losses import sft_loss
 from barerl.train.schedule import resolve_total_steps
-from barerl.train.session import TrainingSession, load_tokenizer
+from barerl.train.session import TrainingSession
 
 
 @dataclass
