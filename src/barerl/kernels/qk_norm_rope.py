@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from barerl.backend import ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import (
     contiguous,
@@ -24,13 +25,17 @@ def _setup(qkv, num_heads, num_kv_heads, cos, kernel_name):
         qkv.ndim == 2 and head_dim * heads == qkv.shape[1],
         f"qk_norm_rope: qkv shape {qkv.shape} is not (T, ({num_heads} + 2 x {num_kv_heads}) x head_dim)",
     )
-    require(head_dim % 64 == 0, f"qk_norm_rope: head_dim {head_dim} must be a multiple of 64")
     require(
         cos.shape[-1] == head_dim // 2, f"qk_norm_rope: cos/sin last axis {cos.shape[-1]} != {head_dim // 2}"
     )
     kernel = load_kernel("qk_norm_rope.cu", kernel_name, {"DTYPE": ctype(qkv.dtype), "HEAD_DIM": head_dim})
     grid = max(1, min(-(-qkv.shape[0] // _WARPS), multiprocessors() * 16))
     return kernel, (grid,), (32 * _WARPS,)
+
+
+def _kernel_handles(qkv, num_heads, num_kv_heads) -> bool:
+    """The kernel's lanes cover head_dim in steps of 64; other head sizes run the reference on CuPy."""
+    return (qkv.shape[1] // (num_heads + 2 * num_kv_heads)) % 64 == 0
 
 
 def _table(x):
@@ -44,6 +49,8 @@ def qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm=None,
     """
     import cupy
 
+    if not _kernel_handles(qkv, num_heads, num_kv_heads):
+        return ref.qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps)
     qkv = contiguous(qkv)
     tokens = qkv.shape[0]
     kernel, grid, block = _setup(qkv, num_heads, num_kv_heads, cos, "qk_norm_rope_forward")
@@ -81,6 +88,9 @@ def qk_norm_rope_backward(
     """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated."""
     import cupy
 
+    if not _kernel_handles(qkv, num_heads, num_kv_heads):
+        return ref.qk_norm_rope_backward(dout, qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm,
+                                         q_rstd, k_rstd, dq_norm, dk_norm)
     qkv = contiguous(qkv)
     dout = contiguous(dout.astype(qkv.dtype, copy=False))
     tokens = qkv.shape[0]
