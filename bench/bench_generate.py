@@ -126,12 +126,15 @@ def main() -> None:
         prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
         ours = bench_barerl(prompts, samples, new_tokens)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)
-        print(f"{name} barerl engine stats: {ours['stats']}")
+        print(f"{name} barerl engine stats: {ours['stats']}, "
+              f"{100 * bound / ours['seconds']:.1f}% of the HBM bound", flush=True)
         results = [ours] + ([] if args.no_peer else [bench_transformers(prompts, samples, new_tokens)])
         for r in results:
             rows.append({"workload": name, "system": r["system"], "new_tok_s": r["new_tokens"] / r["seconds"],
                          "ms_per_step": 1e3 * r["seconds"] / new_tokens, "peak_gib": r["peak_gib"],
                          "of_hbm_bound": bound / r["seconds"], "seconds": r["seconds"]})
+            print(f"{name} {r['system']}: {rows[-1]['new_tok_s']:.0f} new tok/s, {rows[-1]['ms_per_step']:.2f} "
+                  f"ms/step, {100 * rows[-1]['of_hbm_bound']:.1f}% of the HBM bound", flush=True)
         if not args.no_peer:
             rows[-2]["ratio_vs_transformers"] = rows[-2]["new_tok_s"] / rows[-1]["new_tok_s"]
 
