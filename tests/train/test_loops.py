@@ -167,3 +167,12 @@ def test_example_configs_load(name):
 
         rows = load_dataset(os.path.join(root, cfg.dataset), task="grpo").rows
         assert len(rows) == 1000 and "answer" in rows[0]
+
+
+def test_rewards_in_worker_processes_match_in_process_rewards(tmp_path):
+    spec = f"{os.path.abspath(__file__)}:starts_with_seven"
+    for name, workers in (("thread", 0), ("workers", 1)):
+        cfg = grpo_config(tmp_path / name, max_steps=2, reward_num_workers=workers, reward_timeout=120)
+        train_grpo(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS, reward_funcs=[spec],
+                   show_progress=False, engine_args={"num_kv_blocks": 64})
+    assert metrics(tmp_path / "thread") == metrics(tmp_path / "workers")

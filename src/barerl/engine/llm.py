@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -199,13 +199,17 @@ class LLM:
 
     # ------------------------------------------------------------------------------------------ generate
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
+                 on_finished: Callable[[int, RequestOutput], None] | None = None) -> list[RequestOutput]:
         """prompts: a str, a list of str, a list of token ids, a list of token-id lists, or dicts with
-        "prompt_token_ids" (and optionally "prompt"); sampling_params: one for all, or one per prompt."""
+        "prompt_token_ids" (and optionally "prompt"); sampling_params: one for all, or one per prompt.
+        on_finished(i, output) is called as soon as prompt i's samples are all done, while the others still
+        generate (GRPO starts scoring them there)."""
         from tqdm import tqdm
 
         requests = self._make_requests(prompts, sampling_params)
         self._start_call(requests)
+        index_of = {r.request_id: i for i, r in enumerate(requests)}
         start, num_generated, done = time.perf_counter(), 0, set()
         with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.scheduler.has_unfinished():
@@ -213,6 +217,9 @@ class LLM:
                 num_generated += len(sampled)
                 finished = {s.request.request_id for s in sampled if s.request.finished} - done
                 done |= finished
+                if on_finished is not None:
+                    for request_id in sorted(finished, key=index_of.get):
+                        on_finished(index_of[request_id], self._output(requests[index_of[request_id]]))
                 bar.update(len(finished))
                 bar.set_postfix(tok_s=f"{num_generated / (time.perf_counter() - start):.1f}", refresh=False)
         self.stats = {

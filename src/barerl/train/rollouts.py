@@ -59,35 +59,53 @@ def sampling_seed(seed: int, step: int, index: int) -> int:
 
 
 def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner) -> Rollouts:
-    """Sample cfg.num_generations completions for each row's prompt and score them."""
+    """Sample cfg.num_generations completions for each row's prompt and score them.
+
+    Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
+    in worker processes are computed while the engine is still generating the other groups."""
     start = time.perf_counter()
-    G = cfg.num_generations
     prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
     params = [
-        SamplingParams(n=G, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p or 0.0,
-                       max_tokens=cfg.max_completion_length, logprobs=True, seed=sampling_seed(cfg.seed, step, i))
+        SamplingParams(n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                       min_p=cfg.min_p or 0.0, max_tokens=cfg.max_completion_length, logprobs=True,
+                       seed=sampling_seed(cfg.seed, step, i))
         for i in range(len(rows))
     ]
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    groups: list[dict | None] = [None] * len(rows)
+
+    def score_group(i: int, output) -> None:
+        groups[i] = _group(rows[i], prompt_ids[i], output)
+        g = groups[i]
+        g["pending"] = runner.submit(g["prompts"], g["completions"], g["columns"])
+
+    llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, on_finished=score_group)
     generated = time.perf_counter()
-    completions, flat_prompts, flat_prompt_ids, ids, logprobs, truncated = [], [], [], [], [], []
-    columns: dict[str, list] = {k: [] for k in rows[0] if k != "prompt"}
-    for row, pids, out in zip(rows, prompt_ids, outputs):
-        for sample in out.outputs:
-            chat = is_conversational(row["prompt"])
-            completions.append([{"role": "assistant", "content": sample.text}] if chat else sample.text)
-            flat_prompts.append(row["prompt"])
-            flat_prompt_ids.append(list(pids))
-            ids.append(list(sample.token_ids))
-            logprobs.append(list(sample.logprobs))
-            truncated.append(sample.finish_reason == "length")
-            for key, values in columns.items():
-                values.append(row.get(key))
-    columns["completion_ids"] = ids
-    scores = runner(flat_prompts, completions, columns)
-    advantages = group_advantages(scores.total.astype(np.float32), G, cfg.scale_rewards)
-    return Rollouts(flat_prompts, completions, flat_prompt_ids, ids, logprobs, np.array(truncated), scores,
-                    advantages, zero_std_groups(scores.total, G), generated - start, time.perf_counter() - generated)
+    scores = concatenate_scores([g["pending"].result() for g in groups])
+    advantages = group_advantages(scores.total.astype(np.float32), cfg.num_generations, cfg.scale_rewards)
+    flat = lambda key: [x for g in groups for x in g[key]]
+    return Rollouts(flat("prompts"), flat("completions"), flat("prompt_ids"), flat("completion_ids"),
+                    flat("logprobs"), np.array(flat("truncated")), scores, advantages,
+                    zero_std_groups(scores.total, cfg.num_generations), generated - start,
+                    time.perf_counter() - generated)
+
+
+def _group(row: dict, prompt_ids: list[int], output) -> dict:
+    """One prompt's samples as the lists Rollouts holds, plus the reward columns (TRL adds completion_ids)."""
+    chat = is_conversational(row["prompt"])
+    samples = output.outputs
+    n = len(samples)
+    completions = [[{"role": "assistant", "content": s.text}] if chat else s.text for s in samples]
+    completion_ids = [list(s.token_ids) for s in samples]
+    columns = {key: [value] * n for key, value in row.items() if key != "prompt"}
+    columns["completion_ids"] = completion_ids
+    return {"prompts": [row["prompt"]] * n, "completions": completions, "prompt_ids": [list(prompt_ids)] * n,
+            "completion_ids": completion_ids, "logprobs": [list(s.logprobs) for s in samples],
+            "truncated": [s.finish_reason == "length" for s in samples], "columns": columns}
+
+
+def concatenate_scores(parts: list[RewardScores]) -> RewardScores:
+    return RewardScores(parts[0].names, np.concatenate([p.per_function for p in parts]),
+                        np.concatenate([p.total for p in parts]))
 
 
 @dataclass
