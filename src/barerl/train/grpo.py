@@ -43,6 +43,7 @@ class GRPOResult:
     rewards: list[float]  # mean reward of each step's rollouts
     output_dir: str
     checkpoint: str | None
+    summary: str = ""
 
 
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
@@ -89,8 +90,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                     checkpoint = str(run.save({"sampler": sampler.state_dict()}))
             if model.device == "cuda":
                 llm.wake()
-    run.finish()
-    return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint)
+    summary = run.finish()
+    return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint, summary)
 
 
 def sampling_filter(cfg: GRPOConfig) -> SamplingFilter:

@@ -37,6 +37,7 @@ class SFTResult:
     eval_loss: float | None
     output_dir: str
     checkpoint: str | None
+    summary: str = ""
 
 
 def _micro_batch(cfg: SFTConfig, examples: list[Example], sampler: EpochSampler) -> PackedBatch:
@@ -113,8 +114,8 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     if eval_examples and eval_loss is None:
         eval_loss = evaluation_loss(model, eval_examples, eval_budget)
         logger.log(run.step, {"eval_loss": eval_loss})
-    run.finish()
-    return SFTResult(run.step, loss, eval_loss, str(run.output_dir), checkpoint)
+    summary = run.finish()
+    return SFTResult(run.step, loss, eval_loss, str(run.output_dir), checkpoint, summary)
 
 
 def _steps_per_epoch(cfg: SFTConfig, examples: list[Example]) -> int:
