@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the whole system: model-level GPU tests (model, training step, engine vs the reference),
-# then workloads T1 (training step) and G1/G2 (generation), each against its peer in the same run.
+# then workloads T1 (training step), R1 (a whole GRPO step) and G1/G2 (generation), with peers where scripted.
 # Logs and JSON/CSV results under $OUT; CuPy's kernel cache travels in .carry/cupy_cache.tgz (carry .carry).
 set -o pipefail
 OUT=${OUT:-/tmp/barerl_out}
@@ -12,5 +12,6 @@ mkdir -p "$CUPY_CACHE_DIR"
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py tests/engine/test_cuda_graph_runner.py \
   -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 timeout "${T1_TIMEOUT:-170}" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25
+timeout "${R1_TIMEOUT:-200}" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" 2>&1 | tee "$OUT/r1.log" | tail -10
 timeout "${GEN_TIMEOUT:-170}" python3 bench/bench_generate.py --csv "$OUT/generate.csv" 2>&1 | tee "$OUT/generate.log" | tail -25
 tar -czf "$OUT/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" .
