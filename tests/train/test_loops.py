@@ -176,3 +176,11 @@ def test_rewards_in_worker_processes_match_in_process_rewards(tmp_path):
         train_grpo(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS, reward_funcs=[spec],
                    show_progress=False, engine_args={"num_kv_blocks": 64})
     assert metrics(tmp_path / "thread") == metrics(tmp_path / "workers")
+
+
+def test_demo_command_runs_end_to_end(tmp_path):
+    """The README's main command, shortened: SFT, GRPO, before/after accuracy, checkpoint, plot."""
+    result = cli("demo", "--output_dir", tmp_path, "--device", "cpu", "--sft_steps", 3, "--grpo_steps", 2)
+    assert result.returncode == 0, result.stderr
+    assert "held-out accuracy" in result.stdout and "after GRPO" in result.stdout
+    assert (tmp_path / "grpo" / "checkpoint-2" / "model.safetensors").exists()
