@@ -133,7 +133,7 @@ def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folde
     saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert saved and saved[-1] >= 6
     logged = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
-    result = cli(*args[:-6], "--max_steps", saved[-1] + 3, "--save_steps", 3, "--resume_from_checkpoint", "latest")
+    result = cli(*args[:-6], "--max_steps", saved[-1] + 3, "--save_steps", 3, "--resume")
     assert result.returncode == 0, result.stderr
     steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
     assert steps == list(range(1, saved[-1] + 4))  # the lost steps were run again, once each

@@ -13,6 +13,9 @@ CONFIGS = {"sft": SFTConfig, "grpo": GRPOConfig}
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command in CONFIGS:
         add_config_arguments(parser, CONFIGS[command])
+        parser.add_argument("--resume", action="store_true",
+                            help="continue from the newest complete checkpoint in output_dir "
+                                 "(same as --resume_from_checkpoint latest)")
         return
     parser.add_argument("--model", required=True, help="model folder or .gguf file")
     parser.add_argument("--dataset", required=True, help="JSONL / Parquet / JSON file with a 'prompt' column")
@@ -28,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "eval":
         return _run_eval(args)
+    if args.resume:
+        args.resume_from_checkpoint = "latest"
     cfg = config_from_namespace(CONFIGS[args.command], args)
     if args.command == "sft":
         from barerl.train.sft import train_sft
