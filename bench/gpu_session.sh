@@ -13,5 +13,10 @@ timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu tests/kernels/test_model
   -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 timeout "${T1_TIMEOUT:-170}" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25
 timeout "${R1_TIMEOUT:-200}" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" 2>&1 | tee "$OUT/r1.log" | tail -10
+if [ -d .whl ]; then  # TRL's GRPOTrainer as R1's peer: trl, datasets, dill, multiprocess carried as wheels
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
+    PYTHONPATH=$PYTHONPATH:/tmp/site timeout "${TRL_TIMEOUT:-300}" python3 bench/bench_grpo_trl.py --json "$OUT/r1_trl.json" \
+    2>&1 | tee "$OUT/r1_trl.log" | grep -E "^R1|Error" | tail -5
+fi
 timeout "${GEN_TIMEOUT:-170}" python3 bench/bench_generate.py --csv "$OUT/generate.csv" 2>&1 | tee "$OUT/generate.log" | tail -25
 tar -czf "$OUT/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" .
