@@ -184,3 +184,12 @@ def test_demo_command_runs_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "held-out accuracy" in result.stdout and "after GRPO" in result.stdout
     assert (tmp_path / "grpo" / "checkpoint-2" / "model.safetensors").exists()
+
+
+def test_eval_command_reports_accuracy(model_folder, tmp_path):
+    folder, _ = model_folder
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(6)))
+    result = cli("eval", "--model", folder, "--dataset", data, "--reward", "math_accuracy", "--max_tokens", 3)
+    assert result.returncode == 0, result.stderr
+    assert "accuracy" in result.stdout and "on 6 prompts" in result.stdout

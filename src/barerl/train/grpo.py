@@ -128,7 +128,8 @@ def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts,
 
 
 def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainBatch]:
-    batches = train_batches(rollouts, indices, cfg.max_tokens_per_microbatch, cfg.mask_truncated_completions)
+    batches = train_batches(rollouts, indices, cfg.per_device_train_batch_size, cfg.max_tokens_per_microbatch,
+                            cfg.mask_truncated_completions)
     for tb in batches:
         if needs_old:
             tb.old_logp, _ = model.logprobs(tb.batch, sampling_filter(cfg))
@@ -165,7 +166,7 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
                 max_completion_length=cfg.max_completion_length, behaviour_logp=engine_logp,
                 importance_sampling_mode=cfg.importance_sampling_mode if cfg.importance_sampling_correction else None,
                 importance_sampling_cap=cfg.importance_sampling_cap, num_items_in_batch=num_items,
-                num_sequences_in_batch=num_sequences, num_micro_batches=cfg.gradient_accumulation_steps,
+                num_sequences_in_batch=num_sequences, num_micro_batches=len(batches),
             )
 
         part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),

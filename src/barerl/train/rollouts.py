@@ -119,13 +119,15 @@ class TrainBatch:
     ref_logp: object = None  # (T,) frozen reference model's log-probs (beta > 0)
 
 
-def train_batches(rollouts: Rollouts, indices: list[int], max_tokens: int | None, mask_truncated: bool) -> list[TrainBatch]:
-    """Completions `indices` packed into batches of at most max_tokens tokens (whole sequences)."""
+def train_batches(rollouts: Rollouts, indices: list[int], max_sequences: int, max_tokens: int | None,
+                  mask_truncated: bool) -> list[TrainBatch]:
+    """Completions `indices` packed into micro-batches of at most max_sequences sequences and max_tokens
+    tokens (whole sequences)."""
     examples = rollouts.examples(mask_truncated)
     groups, current, size = [], [], 0
     for i in indices:
         n = len(examples[i])
-        if current and max_tokens and size + n > max_tokens:
+        if current and (len(current) == max_sequences or (max_tokens and size + n > max_tokens)):
             groups.append(current)
             current, size = [], 0
         current.append(i)
