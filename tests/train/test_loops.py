@@ -193,3 +193,13 @@ def test_eval_command_reports_accuracy(model_folder, tmp_path):
     result = cli("eval", "--model", folder, "--dataset", data, "--reward", "math_accuracy", "--max_tokens", 3)
     assert result.returncode == 0, result.stderr
     assert "accuracy" in result.stdout and "on 6 prompts" in result.stdout
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
+    result = run_grpo(grpo_config(tmp_path, max_steps=3, dynamic_sampling=True, dynamic_sampling_max_rounds=4))
+    records = metrics(tmp_path)
+    assert len(result.rewards) == 3
+    assert all("dynamic_sampling/rounds" in r for r in records)
+    # a first round with uninformative groups is topped up by more rounds (seed 3: step 1 has none at all)
+    assert all(r["dynamic_sampling/rounds"] >= 1 for r in records if r["frac_reward_zero_std"] > 0)
+    assert records[0]["frac_reward_zero_std"] == 1.0 and records[0]["num_tokens"] > 0

@@ -139,8 +139,10 @@ class GRPOConfig(TrainConfig):
     scale_rewards: str = opt("group", "Advantage scaling: group (divide by the group's reward std), batch "
                              "(by the batch's std) or none (Dr. GRPO). true/false mean group/none.",
                              choices=("group", "batch", "none", "true", "false"))
-    dynamic_sampling: bool = opt(False, "Drop groups whose rewards are all equal (zero advantage) before the "
-                                 "update, as DAPO does.")
+    dynamic_sampling: bool = opt(False, "Drop groups whose rewards are all equal (zero advantage) and sample "
+                                 "more prompts to fill the batch, as DAPO does.")
+    dynamic_sampling_max_rounds: int = opt(3, "Extra generation rounds dynamic sampling may take per step to "
+                                           "fill the batch with informative groups.", min=0)
     # Generation
     num_generations: int = opt(8, "Completions sampled per prompt (the group size).", min=2)
     max_prompt_length: int | None = opt(512, "Prompts longer than this are truncated from the left.", min=1)

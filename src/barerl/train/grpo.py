@@ -13,8 +13,9 @@ Log-probs on both sides come from the same ops at the same temperature, so the l
 mismatch is ~0. The number of optimizer steps per generation batch is
 `steps_per_generation / gradient_accumulation_steps`, times `num_iterations`; old log-probs are computed
 once per generation batch when the policy moves before the batch is used up (TRL's rule).
-Simplification: with `dynamic_sampling`, zero-variance groups are dropped from the batch rather than
-replaced by newly sampled ones (a step whose groups are all dropped makes no update).
+With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and more prompts are
+sampled, up to `dynamic_sampling_max_rounds` extra rounds, until the batch is full of informative groups;
+the logged rollout metrics are those of the first round (what the policy does before filtering).
 """
 
 from __future__ import annotations
@@ -75,11 +76,19 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     step_rewards, checkpoint = [], None
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
         while run.step < total:
-            batch_rows = [rows[i] for i in sampler.take(num_prompts)]
-            rollouts = generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner)
+            def sample(round_index: int) -> Rollouts:
+                batch_rows = [rows[i] for i in sampler.take(num_prompts)]
+                return generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner, round_index)
+
+            rollouts = sample(0)
+            rollout_metrics = _rollout_metrics(rollouts, cfg)
+            if cfg.dynamic_sampling:
+                rollouts, rollout_metrics["dynamic_sampling/rounds"] = _informative_batch(rollouts, sample, cfg,
+                                                                                          num_prompts)
             if model.device == "cuda":
                 llm.sleep()  # the KV cache's memory goes to training activations
-            for metrics in _train_on(run, model, ref_model, rollouts, cfg, updates_per_generation, total):
+            for metrics in _train_on(run, model, ref_model, rollouts, rollout_metrics, cfg, updates_per_generation,
+                                     total):
                 llm.reset_prefix_cache()  # cached KV was computed by the weights just replaced
                 step_rewards.append(metrics["reward"])
                 if run.step % cfg.logging_steps == 0 or run.step == total:
@@ -104,12 +113,23 @@ def _frozen_copy(model: Model) -> Model:
     return Model(model.cfg, ParameterBuffer(model.cfg, model.params.flat.copy()), model.device)
 
 
-def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts, cfg: GRPOConfig,
-              updates: int, total: int):
+def _informative_batch(first: Rollouts, sample, cfg: GRPOConfig, num_groups: int) -> tuple[Rollouts, int]:
+    """DAPO's dynamic sampling: keep informative groups, sampling more rounds until num_groups of them."""
+    G = cfg.num_generations
+    parts, rounds = [first.informative(G)], 0
+    count = len(parts[0]) // G
+    while count < num_groups and rounds < cfg.dynamic_sampling_max_rounds:
+        rounds += 1
+        parts.append(sample(rounds).informative(G))
+        count += len(parts[-1]) // G
+    excess = max(0, count - num_groups) * G  # the last round may overfill the batch
+    parts[-1] = parts[-1].select(np.arange(len(parts[-1])) < len(parts[-1]) - excess)
+    return Rollouts.concatenate(parts, G, cfg.scale_rewards), rounds
+
+
+def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts, rollout_metrics: dict,
+              cfg: GRPOConfig, updates: int, total: int):
     """Optimizer steps on one generation batch; yields each step's metrics after it is applied."""
-    rollout_metrics = _rollout_metrics(rollouts, cfg)
-    if cfg.dynamic_sampling:
-        rollouts = rollouts.select(np.repeat(~rollouts.zero_std, cfg.num_generations))
     n = len(rollouts)
     per_update = math.ceil(n / max(1, updates // cfg.num_iterations)) if n else 0
     chunks = [list(range(i, min(i + per_update, n))) for i in range(0, n, per_update)] if n else [[]]

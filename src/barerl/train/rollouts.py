@@ -46,6 +46,21 @@ class Rollouts:
                         pick(self.completion_ids), pick(self.engine_logprobs), self.truncated[idx], scores,
                         self.advantages[idx], self.zero_std, self.generate_seconds, self.score_seconds)
 
+    def informative(self, group_size: int) -> Rollouts:
+        """Only the groups whose rewards differ (the others have zero advantage: no signal)."""
+        return self.select(np.repeat(~self.zero_std, group_size))
+
+    @classmethod
+    def concatenate(cls, parts: list[Rollouts], group_size: int, scale_rewards: str) -> Rollouts:
+        """Several generation rounds as one batch; advantages are recomputed over the whole of it."""
+        join = lambda key: [x for p in parts for x in getattr(p, key)]
+        scores = concatenate_scores([p.scores for p in parts])
+        total = scores.total.astype(np.float32)
+        return cls(join("prompts"), join("completions"), join("prompt_ids"), join("completion_ids"),
+                   join("engine_logprobs"), np.concatenate([p.truncated for p in parts]), scores,
+                   group_advantages(total, group_size, scale_rewards), zero_std_groups(total, group_size),
+                   sum(p.generate_seconds for p in parts), sum(p.score_seconds for p in parts))
+
     def examples(self, mask_truncated: bool) -> list[Example]:
         out = []
         for p, c, cut in zip(self.prompt_ids, self.completion_ids, self.truncated):
@@ -54,11 +69,13 @@ class Rollouts:
         return out
 
 
-def sampling_seed(seed: int, step: int, index: int) -> int:
-    return int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0])
+def sampling_seed(seed: int, step: int, index: int, round_index: int = 0) -> int:
+    key = [seed, step, index] + ([round_index] if round_index else [])  # extra rounds: dynamic sampling
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
-def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner) -> Rollouts:
+def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner,
+                      round_index: int = 0) -> Rollouts:
     """Sample cfg.num_generations completions for each row's prompt and score them.
 
     Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
@@ -68,7 +85,7 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     params = [
         SamplingParams(n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                        min_p=cfg.min_p or 0.0, max_tokens=cfg.max_completion_length, logprobs=True,
-                       seed=sampling_seed(cfg.seed, step, i))
+                       seed=sampling_seed(cfg.seed, step, i, round_index))
         for i in range(len(rows))
     ]
     groups: list[dict | None] = [None] * len(rows)
