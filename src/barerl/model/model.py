@@ -24,21 +24,10 @@ from barerl.backend import get_backend
 from barerl.config import ModelConfig
 from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
+from barerl.model.checkpoint import load_checkpoint, resolve_dtype
 from barerl.model.forward import RopeContext, layer_forward
 from barerl.model.rope import rope_tables
 from barerl.model.weights import ParameterBuffer, parameter_shapes
-
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def resolve_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    if name in ("float32", "float16"):
-        return np.dtype(name)
-    raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
 
 
 @dataclass
@@ -86,8 +75,6 @@ class Model:
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32") -> Model:
-        from barerl.model.checkpoint import load_checkpoint
-
         cfg, params = load_checkpoint(path, dtype=dtype, xp=_xp_for(device))
         return cls(cfg, params, device)
 
@@ -167,7 +154,8 @@ class Model:
         x = ops.embedding(ids, p.embed)
         layer_inputs, saved = [], []
         for w in p.layers:
-            layer_inputs.append(x)
+            if keep:  # recomputation starts from these; a forward with no backward needs none
+                layer_inputs.append(x)
             x, acts = layer_forward(ops, cfg, w, x, rope, attend, keep=keep and not checkpoint)
             saved.append(acts)
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)

@@ -55,11 +55,11 @@ def _run_eval(args: argparse.Namespace) -> int:
     from barerl.train.data import load_dataset
     from barerl.train.evaluate import evaluate
     from barerl.train.rewards import load_rewards
-    from barerl.train.session import resolve_device, resolve_dtype
+    from barerl.train.session import resolve_auto_dtype, resolve_device
 
     device = resolve_device(args.device)
     rows = load_dataset(args.dataset, task="grpo").rows[: args.limit]
-    llm = LLM(args.model, device=device, dtype=resolve_dtype(args.dtype, device))
+    llm = LLM(args.model, device=device, dtype=resolve_auto_dtype(args.dtype, device))
     result = evaluate(llm, rows, load_rewards(args.reward), args.max_tokens, args.temperature)
     print(f"accuracy {result['accuracy']:.1%} (mean reward {result['reward']:.3f}) on {result['num_prompts']} prompts")
     return 0

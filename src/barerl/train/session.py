@@ -30,7 +30,7 @@ def resolve_device(device: str) -> str:
         return "cpu"
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
+def resolve_auto_dtype(dtype: str, device: str) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if device == "cuda" else "float32"
@@ -43,7 +43,7 @@ class TrainingSession:
         if model is None:
             if not cfg.model:
                 raise ValueError("model: no model given (set --model PATH to a Hugging Face folder or .gguf)")
-            model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_dtype(cfg.dtype, self.device))
+            model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_auto_dtype(cfg.dtype, self.device))
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         if self.tokenizer is None:
