@@ -138,7 +138,6 @@ def run(args: argparse.Namespace) -> int:
                       lr_scheduler_type="constant", save_steps=grpo_steps, seed=args.seed, log_completions_steps=10)
     result = train_grpo(grpo, model=model, tokenizer=tokenizer, rows=addition_problems(20000, seed=args.seed + 2),
                         reward_funcs=[exact_answer], engine_args=engine)
-    llm.reset_prefix_cache()  # its cached KV predates the GRPO updates
     after = accuracy(llm, held_out)
 
     print(f"[3/3] held-out accuracy: {before:.1%} after SFT -> {after:.1%} after GRPO "

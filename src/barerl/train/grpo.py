@@ -7,8 +7,8 @@ Per generation batch:
   3. the completions are packed into micro-batches; the policy loss (TRL's loss types, clip-higher, GSPO,
      TIS/MIS against the engine's sampling log-probs) gives d loss / d log-prob per token, and the model's
      hand-written backward takes it from there;
-  4. AdamW updates the working weights in place; the engine's next generation reads them directly, so the
-     only thing to invalidate is the prefix cache (its KV was computed with the old weights).
+  4. AdamW updates the working weights in place; the engine's next generation reads them directly (each
+     generate call starts with an empty prefix cache, since cached KV would predate the update).
 Log-probs on both sides come from the same ops at the same temperature, so the logged engine/trainer
 mismatch is ~0. The number of optimizer steps per generation batch is
 `steps_per_generation / gradient_accumulation_steps`, times `num_iterations`; old log-probs are computed
@@ -89,7 +89,6 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 llm.sleep()  # the KV cache's memory goes to training activations
             for metrics in _train_on(run, model, ref_model, rollouts, rollout_metrics, cfg, updates_per_generation,
                                      total):
-                llm.reset_prefix_cache()  # cached KV was computed by the weights just replaced
                 step_rewards.append(metrics["reward"])
                 if run.step % cfg.logging_steps == 0 or run.step == total:
                     logger.log(run.step, metrics)
