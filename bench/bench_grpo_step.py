@@ -23,17 +23,18 @@ from bench_train_step import QWEN3_06B
 
 
 def numbered_tokenizer(vocab_size: int):
-    """Token i is the word "t<i>": any token id of a random model decodes, and prompts encode exactly."""
+    """Token i is the word "t<i>" (0 and 1: pad and eos): any token id of a random model decodes, and prompts
+    encode exactly; special tokens are no prefix of a word (a tokenizer matches them inside words)."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers
 
     from barerl.tokenizer import Tokenizer
 
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    backend = Backend(models.WordLevel(vocab, unk_token="t0"))
+    vocab = {"<pad>": 0, "</s>": 1} | {f"t{i}": i for i in range(2, vocab_size)}
+    backend = Backend(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    return Tokenizer(backend, special_tokens={"eos_token": "t1", "pad_token": "t0"}, source="bench",
+    return Tokenizer(backend, special_tokens={"eos_token": "</s>", "pad_token": "<pad>"}, source="bench",
                      add_bos_token=False, add_eos_token=False)
 
 

@@ -1,6 +1,10 @@
 """The peer for workload R1: TRL's GRPOTrainer (use_vllm off, its colocated transformers generation) on the
 same model shape, tokenizer, prompts, lengths, batch and learning rate as bench/bench_grpo_step.py, in its
 own process. Needs trl (1.16 works with transformers 5.x) and datasets, e.g. carried as wheels.
+Phases: time inside the model's `generate` and inside the reward function, the rest of the step is training.
+Mismatch: TRL without vLLM keeps no generation-time log-probs, so after training this script samples
+completions with `generate(output_logits=True)` and compares those log-probs with a training-style forward
+over the same sequences (what TRL computes its ratio from).
 
     PYTHONPATH=src python bench/bench_grpo_trl.py [--steps 3] [--quick] [--json FILE]
 """
@@ -15,6 +19,32 @@ import time
 import numpy as np
 from bench_grpo_step import cheap_reward, numbered_tokenizer
 from bench_train_step import QWEN3_06B
+
+
+def generation_vs_training_logprobs(model, rows, tokenizer, samples: int, new_tokens: int) -> dict:
+    """|log-prob at sampling - log-prob of a training forward| over completion tokens, and the KL estimate."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = tokenizer([r["prompt"] for r in rows], return_tensors="pt").input_ids.to(device)
+    ids = ids.repeat_interleave(samples, dim=0)
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True)
+        completion = out.sequences[:, ids.shape[1]:]
+        sampled = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+        sampled = sampled.gather(-1, completion[..., None])[..., 0]
+        alive = torch.cumsum(completion == tokenizer.eos_token_id, dim=1) - (completion == tokenizer.eos_token_id).long() == 0
+        model.train()
+        logits = model(out.sequences, attention_mask=torch.ones_like(out.sequences)).logits
+        trained = logits[:, ids.shape[1] - 1:-1].float().log_softmax(-1).gather(-1, completion[..., None])[..., 0]
+    delta = (sampled - trained)[alive]
+    ratio = torch.exp(trained - sampled)[alive]
+    return {"max": float(delta.abs().max()), "mean": float(delta.abs().mean()),
+            "p99": float(torch.quantile(delta.abs().float(), 0.99)), "kl": float((ratio - 1 - torch.log(ratio)).mean()),
+            "tokens": int(alive.sum())}
 
 
 def main() -> None:
@@ -55,6 +85,23 @@ def main() -> None:
     )
 
     times: list[float] = []
+    phase = {"generate": [], "score": []}
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = fn(*a, **k)
+            if cuda:
+                torch.cuda.synchronize()
+            phase[key].append(time.perf_counter() - start)
+            return out
+        return wrapper
+
+    model.generate = timed(model.generate, "generate")
+    reward = timed(cheap_reward, "score")
+    reward.__name__ = "cheap_reward"
 
     class StepTimer(transformers.TrainerCallback):
         def on_step_begin(self, *_, **__):
@@ -67,7 +114,7 @@ def main() -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - self.start)
 
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=[cheap_reward], args=config,
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=config,
                               train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
                               callbacks=[StepTimer()])
     if cuda:
@@ -75,10 +122,18 @@ def main() -> None:
     trainer.train()
     result = {"system": f"TRL {trl.__version__} GRPOTrainer", "step_s": float(np.median(times[1:] or times)),
               "step_times_s": times}
+    for key, spans in phase.items():  # one generate / reward call per step here
+        result[f"time/{key}"] = float(np.median(spans[1:] or spans))
+    result["time/train"] = result["step_s"] - result["time/generate"] - result["time/score"]
     if cuda:
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    print(f"R1 {result['system']}: {result['step_s']:.2f} s/step (steps: {', '.join(f'{t:.2f}' for t in times)})"
-          + (f", peak {result['peak_gib']:.1f} GiB" if cuda else ""))
+    print(f"R1 {result['system']}: {result['step_s']:.2f} s/step (generate {result['time/generate']:.2f}, score "
+          f"{result['time/score']:.3f}, train {result['time/train']:.2f}; steps: {', '.join(f'{t:.2f}' for t in times)})"
+          + (f", peak {result['peak_gib']:.1f} GiB" if cuda else ""), flush=True)
+    model.generate = model.__class__.generate.__get__(model)
+    result["mismatch"] = generation_vs_training_logprobs(model, rows[:8], tokenizer, 8, 128 if args.quick else 256)
+    print("TRL generation vs training log-prob mismatch: "
+          + ", ".join(f"{k} {v:.3g}" for k, v in result["mismatch"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -1,22 +1,92 @@
 #!/usr/bin/env bash
-# One device call for the whole system: model-level GPU tests (model, training step, engine vs the reference),
-# then workloads T1 (training step), R1 (a whole GRPO step) and G1/G2 (generation), with peers where scripted.
-# Logs and JSON/CSV results under $OUT; CuPy's kernel cache travels in .carry/cupy_cache.tgz (carry .carry).
+# Device calls for the whole system, by stage (a device call lasts at most 600 s, so split the stages):
+#   bash bench/gpu_session.sh tests t1 r1 demo                 # one GPU, stages in order
+#   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
+# Stages: tests (model-level GPU tests), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen (G1/G2 with
+# transformers), kernels (decode-kernel micro-benchmarks), demo (`barerl demo` on the GPU), parity_demo_barerl,
+# parity_demo_trl, parity_smol_barerl, parity_smol_trl (reward parity, 3 seeds; models in .parity).
+# Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
+# .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
 set -o pipefail
 OUT=${OUT:-/tmp/barerl_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
-mkdir -p "$CUPY_CACHE_DIR"
-[ -f .carry/cupy_cache.tgz ] && tar -xzf .carry/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
-{ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv; git log --oneline -1; date -u; } | tee "$OUT/gpu.txt"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py tests/engine/test_cuda_graph_runner.py \
-  -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" | grep -v -E "^(SKIPPED|PASSED)" | tail -40
-timeout "${T1_TIMEOUT:-170}" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25
-timeout "${R1_TIMEOUT:-200}" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" 2>&1 | tee "$OUT/r1.log" | tail -10
-if [ -d .whl ]; then  # TRL's GRPOTrainer as R1's peer: trl, datasets, dill, multiprocess carried as wheels
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
-    PYTHONPATH=$PYTHONPATH:/tmp/site timeout "${TRL_TIMEOUT:-300}" python3 bench/bench_grpo_trl.py --json "$OUT/r1_trl.json" \
-    2>&1 | tee "$OUT/r1_trl.log" | grep -E "^R1|Error" | tail -5
+SEEDS=${SEEDS:-0 1 2}
+DEADLINE=${DEADLINE:-570}  # seconds after the start by which every stage has ended, so results get packed
+
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }
+
+setup() {
+  mkdir -p "$CUPY_CACHE_DIR"
+  [ -f .carry/cupy_cache.tgz ] && tar -xzf .carry/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  fi
+  { nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,memory.used --format=csv; date -u; } | tee "$OUT/gpu.txt"
+}
+
+with_trl() { PYTHONPATH=$PYTHONPATH:/tmp/site "$@"; }
+
+stage_tests() {
+  timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py \
+    tests/engine/test_cuda_graph_runner.py -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
+    | grep -v -E "^(SKIPPED|PASSED)" | tail -40
+}
+stage_t1() { timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25; }
+stage_r1() { timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" 2>&1 | tee "$OUT/r1.log" | tail -10; }
+stage_trl() {
+  with_trl timeout "$(budget ${TRL_TIMEOUT:-300})" python3 bench/bench_grpo_trl.py --json "$OUT/r1_trl.json" 2>&1 \
+    | tee "$OUT/r1_trl.log" | grep -v -E "it/s|s/it" | tail -15
+}
+stage_gen() { timeout "$(budget ${GEN_TIMEOUT:-300})" python3 bench/bench_generate.py --csv "$OUT/generate.csv" 2>&1 | tee "$OUT/generate.log" | tail -25; }
+stage_kernels() { timeout "$(budget ${KERNELS_TIMEOUT:-120})" python3 bench/bench_decode_kernels.py 2>&1 | tee "$OUT/decode_kernels.log" | tail -25; }
+stage_demo() {
+  timeout "$(budget ${DEMO_TIMEOUT:-200})" python3 -m barerl.cli demo --device cuda --output_dir "$OUT/demo" 2>&1 \
+    | tee "$OUT/demo.log" | tr '\r' '\n' | grep -v -E "step/s|s/step" | tail -20
+  rm -rf "$OUT"/demo/*/checkpoint-* "$OUT"/demo/*/*.safetensors
+}
+
+parity() {  # parity TASK MODEL SYSTEM
+  for seed in $SEEDS; do
+    with_trl timeout "$(budget ${PARITY_TIMEOUT:-300})" python3 bench/reward_parity.py run --system "$3" --task "$1" \
+      --model "$2" --seed "$seed" --out "$OUT/parity_$1" 2>&1 | tee -a "$OUT/parity_$1_$3.log" \
+      | grep -E "seed|Error|error" | tail -5
+  done
+  rm -rf "$OUT/parity_$1"/*-seed*/
+}
+stage_parity_demo_barerl() { parity demo .parity/demo_sft barerl; }
+stage_parity_demo_trl() { parity demo .parity/demo_sft trl; }
+smol_model() {  # SmolLM2 travels as a GGUF in two parts (over one call's size limit); a HF folder both load
+  [ -d /tmp/smol ] && return
+  cat .parity/smol.gguf.part_a .parity/smol.gguf.part_b > /tmp/smol.gguf &&
+    python3 bench/reward_parity.py prepare --source /tmp/smol.gguf --model /tmp/smol
+}
+stage_parity_smol_barerl() { smol_model && parity arithmetic /tmp/smol barerl; }
+stage_parity_smol_trl() { smol_model && parity arithmetic /tmp/smol trl; }
+
+run_stages() {
+  for stage in "$@"; do
+    echo "=== $stage $(date -u +%T)"
+    "stage_$stage"
+  done
+  echo "=== done $(date -u +%T)"
+}
+
+if [ "$1" = "--parallel" ]; then
+  shift
+  setup
+  gpu=0
+  for stages in "$@"; do
+    mkdir -p "$OUT/gpu$gpu"
+    # shellcheck disable=SC2086
+    (log=$OUT/gpu$gpu/session.log; export CUDA_VISIBLE_DEVICES=$gpu OUT=$OUT/gpu$gpu; run_stages $stages > "$log" 2>&1) &
+    gpu=$((gpu + 1))
+  done
+  wait
+  for ((i = 0; i < gpu; i++)); do echo "##### GPU $i"; tail -c 5000 "$OUT/gpu$i/session.log"; done
+  tar -czf "$OUT/results.tgz" -C "$OUT" $(cd "$OUT" && ls -d gpu[0-9]*) gpu.txt && rm -rf "$OUT"/gpu[0-9]*
+else
+  setup
+  run_stages "$@"
 fi
-timeout "${GEN_TIMEOUT:-170}" python3 bench/bench_generate.py --csv "$OUT/generate.csv" 2>&1 | tee "$OUT/generate.log" | tail -25
 tar -czf "$OUT/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" .

