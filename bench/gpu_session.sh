@@ -4,7 +4,8 @@
 #   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
 # Stages: tests (model-level GPU tests), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen (G1/G2 with
 # transformers), kernels (decode-kernel micro-benchmarks), demo (`barerl demo` on the GPU), parity_demo_barerl,
-# parity_demo_trl, parity_smol_barerl, parity_smol_trl (reward parity, 3 seeds; models in .parity).
+# parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32 (reward parity, $SEEDS; models
+# in .parity).
 # Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
 set -o pipefail
@@ -29,7 +30,7 @@ with_trl() { PYTHONPATH=$PYTHONPATH:/tmp/site "$@"; }
 
 stage_tests() {
   timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py \
-    tests/engine/test_cuda_graph_runner.py -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
+    tests/engine/test_cuda_graph_runner.py tests/train/test_loops.py -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
     | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 }
 stage_t1() { timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25; }
@@ -46,13 +47,15 @@ stage_demo() {
   rm -rf "$OUT"/demo/*/checkpoint-* "$OUT"/demo/*/*.safetensors
 }
 
-parity() {  # parity TASK MODEL SYSTEM
+parity() {  # parity TASK MODEL SYSTEM [OUT_SUFFIX EXTRA_ARGS...]: 3 seeds, metrics and samples kept
+  local task=$1 model=$2 system=$3 out=$OUT/parity_$1$4
+  shift 4 2>/dev/null || shift 3
   for seed in $SEEDS; do
-    with_trl timeout "$(budget ${PARITY_TIMEOUT:-300})" python3 bench/reward_parity.py run --system "$3" --task "$1" \
-      --model "$2" --seed "$seed" --out "$OUT/parity_$1" 2>&1 | tee -a "$OUT/parity_$1_$3.log" \
+    with_trl timeout "$(budget ${PARITY_TIMEOUT:-300})" python3 bench/reward_parity.py run --system "$system" \
+      --task "$task" --model "$model" --seed "$seed" --out "$out" "$@" 2>&1 | tee -a "$out.log" \
       | grep -E "seed|Error|error" | tail -5
   done
-  rm -rf "$OUT/parity_$1"/*-seed*/
+  rm -rf "$out"/*/checkpoint-* "$out"/*/*.safetensors
 }
 stage_parity_demo_barerl() { parity demo .parity/demo_sft barerl; }
 stage_parity_demo_trl() { parity demo .parity/demo_sft trl; }
@@ -63,6 +66,7 @@ smol_model() {  # SmolLM2 travels as a GGUF in two parts (over one call's size l
 }
 stage_parity_smol_barerl() { smol_model && parity arithmetic /tmp/smol barerl; }
 stage_parity_smol_trl() { smol_model && parity arithmetic /tmp/smol trl; }
+stage_parity_smol_barerl_fp32() { smol_model && parity arithmetic /tmp/smol barerl _fp32 --dtype float32; }
 
 run_stages() {
   for stage in "$@"; do

@@ -61,13 +61,15 @@ def task_rows_and_reward(task: str):
 def run_barerl(args) -> dict:
     from barerl.train.config import GRPOConfig
     from barerl.train.grpo import train_grpo
+    from barerl.train.session import resolve_device
 
     rows, reward = task_rows_and_reward(args.task)
     cfg = GRPOConfig(model=args.model, output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps,
-                     save_steps=0, log_completions_steps=0, device=args.device, **hyperparameters(args))
+                     save_steps=0, log_completions_steps=5, device=args.device, dtype=args.dtype,
+                     **hyperparameters(args))
     result = train_grpo(cfg, rows=rows, reward_funcs=[reward], show_progress=False)
     record = {"rewards": result.rewards}
-    if cfg.device != "cpu":
+    if resolve_device(cfg.device) == "cuda":
         import cupy
 
         record["peak_gib"] = cupy.get_default_memory_pool().total_bytes() / 2**30
@@ -174,6 +176,7 @@ def main() -> None:
     p.add_argument("--max_completion_length", type=int, default=None)
     p.add_argument("--batch", type=int, default=None, help="completions per step (default 64)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="barerl's working weights (master weights are fp32)")
     p.add_argument("--out", default="runs/parity")
     p = sub.add_parser("plot", help="curves with a band over seeds, final reward and wall-clock")
     p.add_argument("--out", default="runs/parity")

@@ -3,6 +3,29 @@
 import pytest
 
 # ---------------------------------------------------------------------------------------------------------
+# Tests marked `gpu` need CuPy and a CUDA GPU: skipped without them, wherever they live.
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs cupy and a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+# ---------------------------------------------------------------------------------------------------------
 # Tiny random Hugging Face models of each supported family, saved with save_pretrained (checkpoint tests,
 # parity tests). transformers/torch are imported lazily: they are test-only oracles and slow to import.
 

@@ -1,7 +1,7 @@
 """The whole model, training step and engine on the CUDA backend against the CPU reference backend.
 
 fp32 on the GPU must match the reference to rounding; bf16 within bf16 tolerance. Tiny random Qwen3/Qwen2
-models (GQA, q/k norm, qkv bias), ragged packed batches.
+models (GQA, q/k norm, qkv bias) and a SmolLM2-like Llama (GQA ratio 3, tied head), ragged packed batches.
 """
 
 import numpy as np
@@ -15,11 +15,20 @@ from barerl.model.weights import ParameterBuffer
 pytestmark = pytest.mark.gpu
 
 
-def tiny_config(arch="Qwen3ForCausalLM", head_dim=64) -> ModelConfig:
+ARCHS = {  # name: architecture, query heads, kv heads, tied head
+    "qwen3": ("Qwen3ForCausalLM", 4, 2, True),
+    "qwen2": ("Qwen2ForCausalLM", 4, 2, False),
+    "llama_gqa3": ("LlamaForCausalLM", 6, 2, True),  # SmolLM2's shape: 9 query heads over 3 kv heads
+}
+
+
+def tiny_config(name="qwen3", head_dim=64) -> ModelConfig:
+    arch, heads, kv_heads, tied = ARCHS[name]
     return ModelConfig.from_dict({
-        "architectures": [arch], "vocab_size": 300, "hidden_size": 128, "intermediate_size": 256,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim,
-        "rope_theta": 10000.0, "tie_word_embeddings": arch == "Qwen3ForCausalLM", "max_position_embeddings": 512,
+        "architectures": [arch], "vocab_size": 300, "hidden_size": heads * head_dim // 2,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "rope_theta": 10000.0,
+        "tie_word_embeddings": tied, "max_position_embeddings": 512,
     })
 
 
@@ -52,7 +61,7 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
 def test_logprobs_and_gradients_match_reference(arch, dtype, tol):
     import cupy
@@ -89,10 +98,11 @@ def test_training_step_matches_reference():
     assert rel(gpu.params.flat, cpu.params.flat) < 1e-5
 
 
-def test_engine_greedy_equals_reference_and_bf16_logprobs_close():
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_engine_greedy_equals_reference_and_bf16_logprobs_close(arch):
     from barerl import LLM, SamplingParams
 
-    cfg = tiny_config()
+    cfg = tiny_config(arch)
     prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 7 * i))} for i in range(5)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=True)
     outs = {}

@@ -1,7 +1,8 @@
 """FlashAttention-2 launchers (csrc/flash_attention.cu): packed causal varlen attention with GQA.
 
-Compiled per (dtype, head_dim). bf16/fp16 run the tensor-core kernels; fp32 inputs (tests, debugging) run
-the reference op on the same CuPy arrays, since mma.sync has no fp32 operands. q, k, v may be row-strided
+Compiled per (dtype, head_dim). bf16/fp16 with head_dim 64 or 128 run the tensor-core kernels; fp32 inputs
+(tests, debugging; mma.sync has no fp32 operands) and other head sizes (small demo models) run the reference
+op on the same CuPy arrays. q, k, v may be row-strided
 views of a fused qkv buffer (no copies); o and the gradients are dense. The backward adds dQ with fp32
 atomics into a zeroed scratch, then rounds it to the input dtype.
 """
@@ -30,6 +31,10 @@ def _rows(x, name: str):
     dense = x.strides[2] == item and x.strides[1] == D * item and (x.strides[0] // item) % 8 == 0
     require(x.ndim == 3, f"attention: {name} must be (T, heads, head_dim), got {x.shape}")
     return x if dense else contiguous(x)
+
+
+def _kernel_covers(q) -> bool:
+    return q.dtype != np.float32 and q.shape[2] in (64, 128)
 
 
 def _setup(q, k, v, cu_seqlens, kernel_name: str):
@@ -64,7 +69,7 @@ def attention(q, k, v, cu_seqlens, scale):
     """Causal softmax(q k^T * scale) v within each sequence: o (T, H, D) in q's dtype, lse (H, T) fp32."""
     import cupy
 
-    if q.dtype == np.float32:
+    if not _kernel_covers(q):
         return ref.attention(q, k, v, cu_seqlens, scale)
     q, k, v = (
         _rows(q, "q"),
@@ -104,7 +109,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
     """Gradient of `attention`, recomputing the probabilities from lse. Returns dq, dk, dv."""
     import cupy
 
-    if q.dtype == np.float32:
+    if not _kernel_covers(q):
         return ref.attention_backward(do, q, k, v, o, lse, cu_seqlens, scale)
     q, k, v = (
         _rows(q, "q"),
