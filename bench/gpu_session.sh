@@ -4,7 +4,8 @@
 #   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
 # Stages: tests (model-level GPU tests), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen (G1/G2 with
 # transformers), kernels (decode-kernel micro-benchmarks), demo (`barerl demo` on the GPU), parity_demo_barerl,
-# parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32 (reward parity, $SEEDS; models
+# parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32,
+# parity_smol_barerl_no_is (reward parity, $SEEDS; models
 # in .parity).
 # Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
@@ -67,6 +68,9 @@ smol_model() {  # SmolLM2 travels as a GGUF in two parts (over one call's size l
 stage_parity_smol_barerl() { smol_model && parity arithmetic /tmp/smol barerl; }
 stage_parity_smol_trl() { smol_model && parity arithmetic /tmp/smol trl; }
 stage_parity_smol_barerl_fp32() { smol_model && parity arithmetic /tmp/smol barerl _fp32 --dtype float32; }
+stage_parity_smol_barerl_no_is() {
+  smol_model && parity arithmetic /tmp/smol barerl _no_is --set importance_sampling_correction=false
+}
 
 run_stages() {
   for stage in "$@"; do

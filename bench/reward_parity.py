@@ -66,7 +66,7 @@ def run_barerl(args) -> dict:
     rows, reward = task_rows_and_reward(args.task)
     cfg = GRPOConfig(model=args.model, output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps,
                      save_steps=0, log_completions_steps=5, device=args.device, dtype=args.dtype,
-                     **hyperparameters(args))
+                     **hyperparameters(args), **dict(option.split("=", 1) for option in args.set))
     result = train_grpo(cfg, rows=rows, reward_funcs=[reward], show_progress=False)
     record = {"rewards": result.rewards}
     if resolve_device(cfg.device) == "cuda":
@@ -177,6 +177,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=None, help="completions per step (default 64)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="barerl's working weights (master weights are fp32)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another barerl option")
     p.add_argument("--out", default="runs/parity")
     p = sub.add_parser("plot", help="curves with a band over seeds, final reward and wall-clock")
     p.add_argument("--out", default="runs/parity")
