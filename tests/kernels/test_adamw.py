@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_harness import BF16, DTYPES, FP32, assert_close, f32, poison
+from kernel_harness import BF16, DTYPES, FP32, assert_close, f32, poison, poisoned
 
 from barerl.backend import ref
 
@@ -60,3 +60,23 @@ def test_grad_norm(draw, dtype, n):
     assert isinstance(got, float)
     print(f"grad_norm {got} vs {want}")
     assert abs(got - want) <= 1e-5 * want
+
+
+def test_stochastic_rounding_matches_the_reference_bit_for_bit(draw):
+    """The kernel rounds its updated master into bf16 working weights with the reference's random bits."""
+    import cupy
+
+    from barerl.backend import cuda
+
+    n = 1_000_003
+    master = draw.normal((n,), FP32)
+    master[:4] = cupy.asarray([np.inf, -np.inf, 0.0, -0.0], np.float32)
+    grad = draw.normal((n,), FP32, 1e-2)
+    moments = [draw.normal((n,), FP32, 1e-3), cupy.abs(draw.normal((n,), FP32, 1e-4))]
+    args = {"lr": 1e-6, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "step": 7}
+    working = poisoned((n,), BF16)
+    cuda.adamw_step(master, grad, *moments, None, **args, working_out=working, rounding_seed=1234)
+    want = ref.stochastic_round_bfloat16(master, 1234, 7)
+    assert bool((working.view(np.uint16) == want.view(np.uint16)).all())
+    nearest = master.astype(BF16).view(np.uint16)
+    assert 0 < float((working.view(np.uint16) != nearest).mean()) < 0.75  # rounding is random, not nearest

@@ -117,6 +117,31 @@ def test_grpo_raises_reward_on_the_gpu_in_bf16(tmp_path):
     assert max(r["is_weight/masked_fraction"] for r in records) == 0.0
 
 
+def test_bf16_working_weights_follow_fp32_training_at_a_small_learning_rate(tmp_path):
+    """From a bf16 checkpoint (weights on the bf16 grid), 8 GRPO steps at lr 1e-6 move the bf16 working weights
+    as far as fp32 training moves its weights, on average: with round-to-nearest they would keep ~7% of it."""
+    import ml_dtypes
+
+    from barerl.model.weights import ParameterBuffer
+
+    cfg = tiny_model().cfg
+    start = tiny_model().params.flat.astype(ml_dtypes.bfloat16)
+    moved = {}
+    for dtype, stochastic in (("float32", False), ("bfloat16", True), ("bfloat16", False)):
+        model = Model(cfg, ParameterBuffer(cfg, start.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)),
+                      "cpu")
+        run_grpo(grpo_config(tmp_path / f"{dtype}{stochastic}", max_steps=8, learning_rate=1e-6, dtype=dtype,
+                             stochastic_rounding=stochastic), model)
+        moved[dtype, stochastic] = model.params.flat.astype(np.float64) - start.astype(np.float64)
+    reference = moved["float32", False]
+
+    def share(d):  # the part of fp32's move that d reproduces
+        return float(d @ reference / (reference @ reference))
+
+    assert 0.8 < share(moved["bfloat16", True]) < 1.2
+    assert share(moved["bfloat16", False]) < 0.3
+
+
 def test_truncated_sampling_gives_no_engine_trainer_mismatch(tmp_path):
     run_grpo(grpo_config(tmp_path, max_steps=2, top_k=4, top_p=0.9, min_p=0.05, temperature=0.8))
     assert all(r["mismatch/max"] < 1e-4 for r in metrics(tmp_path))

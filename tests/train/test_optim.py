@@ -117,6 +117,71 @@ def test_bf16_working_weights_follow_master_and_grad_scale_is_applied():
     np.testing.assert_array_equal(params.flat, opt.master.flat.astype(ml_dtypes.bfloat16))
 
 
+def test_stochastic_rounding_is_unbiased_between_the_two_neighbours():
+    import ml_dtypes
+
+    gap = 2.0**-7  # bf16 spacing in [1, 2)
+    for fraction in (0.0, 0.1, 0.5, 0.93):
+        for sign in (1.0, -1.0):
+            x = np.full(100_000, sign * (1.0 + fraction * gap), np.float32)
+            y = ref.stochastic_round_bfloat16(x, seed=7, step=3).astype(np.float32)
+            assert set(np.unique(np.abs(y))) <= {1.0, np.float32(1.0 + gap)}
+            assert abs(float(y.mean()) - float(x[0])) < 4 * gap / np.sqrt(len(x)) + 1e-9
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, 1e-40], np.float32)
+    y = ref.stochastic_round_bfloat16(x, seed=1, step=1)
+    assert np.isposinf(y[0]) and np.isneginf(y[1]) and np.isnan(y[2]) and y[3] == 0
+    assert y.dtype == ml_dtypes.bfloat16
+
+
+def test_updates_below_bf16_resolution_reach_the_working_weights_only_when_rounding_stochastically():
+    """A bf16 checkpoint puts the master on the bf16 grid; 20 steps of lr 1e-5 move it by ~2e-4, a fortieth
+    of bf16's spacing at 1.0. Round-to-nearest never shows the move; stochastic rounding shows it on average."""
+    import ml_dtypes
+
+    n = 200_000
+    start = np.ones(n, np.float32)
+    moved = {}
+    for seed in (None, 0):
+        master, m, v = start.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32)
+        working = start.astype(ml_dtypes.bfloat16)
+        for step in range(1, 21):
+            ref.adamw_step(master, -np.ones(n, np.float32), m, v, None, lr=1e-5, beta1=0.9, beta2=0.999,
+                           eps=1e-8, weight_decay=0.0, step=step, working_out=working, rounding_seed=seed)
+        moved[seed] = float(working.astype(np.float64).mean() - 1.0)
+    target = float(master[0]) - 1.0
+    assert abs(target - 2e-4) < 1e-5
+    assert moved[None] == 0.0
+    assert abs(moved[0] - target) < 0.1 * target
+
+
+def test_bf16_stochastic_rounding_resumes_the_same_working_weights():
+    import ml_dtypes
+
+    cfg = tiny_cfg()
+    init, grads = random_problem(cfg, steps=4, seed=5)
+
+    def optimizer(flat):
+        return AdamW(ParameterBuffer(cfg, flat.astype(ml_dtypes.bfloat16)), ref, rounding_seed=11)
+
+    def run(opt, gs):
+        for g in gs:
+            opt.zero_grad()
+            opt.grads.flat += g
+            opt.step(1e-3)
+
+    a = optimizer(init)
+    run(a, grads)
+    b = optimizer(init)
+    run(b, grads[:2])
+    state = {**b.state_dict(), "arrays": {k: v.copy() for k, v in b.state_dict()["arrays"].items()}}
+    c = optimizer(np.zeros_like(init))
+    c.load_state_dict(state)
+    np.testing.assert_array_equal(c.params.flat.view(np.uint16), b.params.flat.view(np.uint16))
+    run(c, grads[2:])
+    np.testing.assert_array_equal(c.params.flat.view(np.uint16), a.params.flat.view(np.uint16))
+    assert not np.array_equal(a.params.flat, a.master.flat.astype(ml_dtypes.bfloat16))  # not nearest
+
+
 def test_non_finite_gradient_skips_the_step():
     cfg = tiny_cfg()
     params = ParameterBuffer(cfg, np.ones(ParameterBuffer.zeros(cfg, np, np.float32).flat.shape, np.float32))
@@ -153,9 +218,16 @@ def test_state_dict_roundtrip_continues_identically():
 
 
 def test_from_config():
+    import ml_dtypes
+
     from barerl.train.config import GRPOConfig
 
     cfg = GRPOConfig(adam_beta2=0.95, weight_decay=0.1, max_grad_norm=None)
     opt = AdamW.from_config(ParameterBuffer.zeros(tiny_cfg(), np, np.float32), ref, cfg)
     assert (opt.beta1, opt.beta2, opt.weight_decay, opt.max_grad_norm) == (0.9, 0.95, 0.1, None)
+    assert opt.rounding_seed is None  # fp32 working weights: nothing to round
+    bf16 = ParameterBuffer.zeros(tiny_cfg(), np, ml_dtypes.bfloat16)
+    assert AdamW.from_config(bf16, ref, cfg).rounding_seed == cfg.seed
+    no_sr = GRPOConfig(stochastic_rounding=False)
+    assert AdamW.from_config(bf16, ref, no_sr).rounding_seed is None
     assert opt.decay_mask is not None and 0 < int(opt.decay_mask.sum()) < opt.decay_mask.size

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from barerl.backend.ref.optim import BFLOAT16
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import multiprocessors, ptr, require
 
@@ -50,6 +51,7 @@ def adamw_step(
     step: int,
     grad_scale: float = 1.0,
     working_out=None,
+    rounding_seed: int | None = None,
 ) -> None:
     """One AdamW update, in place, on flat (N,) arrays (see backend.ref.optim.adamw_step)."""
     if step < 1:
@@ -72,6 +74,9 @@ def adamw_step(
         decay_mask = (
             decay_mask.view(np.uint8) if decay_mask.dtype == np.bool_ else decay_mask.astype(np.uint8)
         )
+    stochastic = rounding_seed is not None
+    require(not stochastic or (working_out is not None and working_out.dtype == BFLOAT16),
+            "adamw_step: stochastic rounding (rounding_seed) needs bf16 working_out")
     work_dtype = ctype(working_out.dtype) if working_out is not None else "float"
     kernel = load_kernel("adamw.cu", "adamw_step", {"DTYPE": ctype(grad.dtype), "WORK_DTYPE": work_dtype})
     decay = 1.0 - lr * weight_decay if weight_decay != 0.0 else 1.0
@@ -94,5 +99,8 @@ def adamw_step(
                 np.float32(decay),
                 np.float32(lr / (1.0 - beta1**step)),
                 np.float32(math.sqrt(1.0 - beta2**step)),
+                np.int32(stochastic),
+                np.uint64(rounding_seed or 0),
+                np.int64(step),
             ),
         )

@@ -69,6 +69,9 @@ class TrainConfig:
     adam_epsilon: float = opt(1e-8, "AdamW epsilon.", gt=0.0)
     max_grad_norm: float | None = opt(1.0, "Clip gradients to this global L2 norm (None or 0: no clipping).",
                                       min=0.0)
+    stochastic_rounding: bool = opt(True, "Round the fp32 master weights to bf16 working weights "
+                                    "stochastically (unbiased) after each step; rounding to nearest loses "
+                                    "updates below bf16's resolution, i.e. most of them at small learning rates.")
     # Length of training and batching
     max_steps: int = opt(-1, "Number of optimizer steps; -1: derived from num_train_epochs.", min=-1)
     num_train_epochs: float = opt(3.0, "Passes over the dataset (used when max_steps is -1).", gt=0.0)

@@ -11,6 +11,9 @@ Design:
 - Clipping by global norm is folded into the update as a gradient scale (torch's `clip_grad_norm_`
   formula), so the gradient buffer is never rewritten. A step whose gradient norm is not finite is skipped
   (nothing changes, the step count does not advance) and reported in the metrics.
+- bf16 working weights are rounded from the master stochastically (`rounding_seed`, see
+  backend.ref.optim): round-to-nearest would lose every update below half a bf16 step, which at RL's
+  learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
 """
@@ -22,6 +25,7 @@ from types import ModuleType
 
 import numpy as np
 
+from barerl.backend.ref.optim import BFLOAT16, stochastic_round_bfloat16
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
 
 ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
@@ -36,6 +40,7 @@ class AdamW:
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         max_grad_norm: float | None = 1.0,
+        rounding_seed: int | None = None,
     ):
         self.params = params  # working weights: the model's buffer, rewritten by every step
         self.backend = backend
@@ -44,6 +49,8 @@ class AdamW:
         self.weight_decay = weight_decay
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
+        # Stochastic rounding applies to bf16 working weights only (fp16 and fp32 round to nearest).
+        self.rounding_seed = rounding_seed if params.flat.dtype == BFLOAT16 else None
         cfg, xp = params.cfg, backend.xp_of(params.flat)
         self.shares_master = params.flat.dtype == np.float32
         master_flat = params.flat if self.shares_master else params.flat.astype(np.float32)
@@ -55,9 +62,11 @@ class AdamW:
 
     @classmethod
     def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
-        """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm)."""
+        """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
+        stochastic_rounding with the run's seed)."""
         return cls(params, backend, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
-                   weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+                   weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                   rounding_seed=cfg.seed if cfg.stochastic_rounding else None)
 
     def _build_decay_mask(self, xp):
         mask = np.ones(self.master.flat.shape[0], dtype=np.uint8)
@@ -90,13 +99,13 @@ class AdamW:
         self.backend.adamw_step(
             self.master.flat, self.grads.flat, self.exp_avg.flat, self.exp_avg_sq.flat, self.decay_mask,
             lr, self.beta1, self.beta2, self.eps, self.weight_decay, self.step_count, grad_scale=scale,
-            working_out=None if self.shares_master else self.params.flat,
+            working_out=None if self.shares_master else self.params.flat, rounding_seed=self.rounding_seed,
         )
         return metrics
 
     def hyperparameters(self) -> dict:
         return {"betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
-                "max_grad_norm": self.max_grad_norm}
+                "max_grad_norm": self.max_grad_norm, "rounding_seed": self.rounding_seed}
 
     def state_dict(self) -> dict:
         """{"step": int, "hyperparameters": dict, "arrays": {name: flat fp32 array (NumPy or CuPy)}}."""
@@ -122,6 +131,10 @@ class AdamW:
                     f"{tuple(target.shape)} (a checkpoint of another model?)"
                 )
             target[...] = xp.asarray(arrays[key], dtype=np.float32)
-        if not self.shares_master:
-            self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)
         self.step_count = int(state["step"])
+        if self.shares_master:
+            return
+        if self.rounding_seed is not None and self.step_count > 0:  # the very weights the last step wrote
+            self.params.flat[...] = stochastic_round_bfloat16(self.master.flat, self.rounding_seed, self.step_count)
+        else:
+            self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from barerl.backend.ref.counter_rng import splitmix64
 from barerl.backend.ref.nn import DEFAULT_LM_HEAD_CHUNK, xp_of
 
 __all__ = [
@@ -31,11 +32,6 @@ __all__ = [
     "sample",
     "uniform_noise",
 ]
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-
 
 def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
@@ -52,10 +48,7 @@ def uniform_noise(seeds, counters, vocab_size: int):
     u64 = xp.uint64
     v = xp.arange(vocab_size, dtype=u64)
     key = (xp.asarray(counters).astype(u64)[:, None] << u64(32)) + v[None, :] + u64(1)
-    x = xp.asarray(seeds).astype(u64)[:, None] + u64(_GOLDEN) * key
-    z = (x ^ (x >> u64(30))) * u64(_MIX1)
-    z = (z ^ (z >> u64(27))) * u64(_MIX2)
-    z = z ^ (z >> u64(31))
+    z = splitmix64(xp.asarray(seeds).astype(u64)[:, None], key)
     return ((z >> u64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
 
 

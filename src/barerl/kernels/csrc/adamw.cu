@@ -4,6 +4,8 @@
 //          p *= d;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //          p -= step_size * m / (sqrt(v) / bias_correction2_sqrt + eps);  working = p rounded to WORK_DTYPE
 //          with step_size = lr / (1 - b1^step), bias_correction2_sqrt = sqrt(1 - b2^step) (host computed).
+//          stochastic != 0 (bf16 working weights only): working = stochastic_round_bf16(p, 16 bits of
+//          splitmix64(rounding_seed, step * 2^40 + i + 1)), unbiased (see backend.ref.optim).
 //          grad_norm: sum of g^2 in fp32 per block, blocks added into one fp64 scalar (caller zeroes it).
 // Shapes:  master, exp_avg, exp_avg_sq (N,) fp32, updated in place; grad (N,) DTYPE; decay_mask (N,) uint8 or
 //          null (decay everywhere); working (N,) WORK_DTYPE or null, overwritten.
@@ -15,11 +17,22 @@
 #define WORK_DTYPE __nv_bfloat16
 #endif
 
+// Nearest for every working dtype; stochastic for bf16 when asked (the launcher allows it only there).
+template <typename T>
+__device__ __forceinline__ T round_working(float p, int, u64, long long, long long) { return from_float<T>(p); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_working<__nv_bfloat16>(float p, int stochastic, u64 seed,
+                                                                      long long step, long long i) {
+    if (!stochastic) return from_float<__nv_bfloat16>(p);
+    return stochastic_round_bf16(p, (unsigned int)(splitmix64(seed, ((u64)step << 40) + (u64)i + 1ull) >> 48));
+}
+
 extern "C" __global__ void adamw_step(float* __restrict__ master, float* __restrict__ exp_avg,
                                       float* __restrict__ exp_avg_sq, WORK_DTYPE* __restrict__ working,
                                       const scalar_t* __restrict__ grad, const unsigned char* __restrict__ decay_mask,
                                       long long n, float grad_scale, float beta1, float beta2, float eps,
-                                      float decay, float step_size, float bias_correction2_sqrt) {
+                                      float decay, float step_size, float bias_correction2_sqrt,
+                                      int stochastic, u64 rounding_seed, long long step) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float g = to_float(grad[i]) * grad_scale;
         float p = master[i];
@@ -30,7 +43,7 @@ extern "C" __global__ void adamw_step(float* __restrict__ master, float* __restr
         master[i] = p;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
-        if (working != nullptr) working[i] = from_float<WORK_DTYPE>(p);
+        if (working != nullptr) working[i] = round_working<WORK_DTYPE>(p, stochastic, rounding_seed, step, i);
     }
 }
 

@@ -28,6 +28,24 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
+typedef unsigned long long u64;
+
+// Counter-based random bits, the reference's backend.ref.counter_rng.splitmix64 (uint64, wrapping).
+__device__ __forceinline__ u64 splitmix64(u64 seed, u64 key) {
+    const u64 x = seed + 0x9E3779B97F4A7C15ull * key;
+    u64 z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// x rounded to bf16 up with probability (distance to the lower neighbour) / gap, given 16 random bits:
+// the reference's stochastic_round_bfloat16 (inf and NaN round to nearest).
+__device__ __forceinline__ __nv_bfloat16 stochastic_round_bf16(float x, unsigned int random16) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);
+    return __ushort_as_bfloat16((unsigned short)((bits + random16) >> 16));
+}
+
 constexpr int VEC = 16 / sizeof(scalar_t);
 #define NEG_INF __int_as_float(0xff800000)
 

@@ -23,8 +23,6 @@
 //          tokens (B,) int32; logprobs (B,) fp32.
 #include "common.cuh"
 
-typedef unsigned long long u64;
-
 constexpr int SELECT_THREADS = 512;
 constexpr int SELECT_WARPS = SELECT_THREADS / 32;
 constexpr int PARTIAL_THREADS = 256;
@@ -39,11 +37,7 @@ __device__ __forceinline__ unsigned int order_key(float z) {
 
 // u[b, v] of the reference's uniform_noise, with its fp32 rounding: ((z >> 41) as fp32 + 0.5) * 2^-23 (exact, < 1).
 __device__ __forceinline__ float uniform_noise(u64 seed, long long counter, int v) {
-    const u64 key = ((u64)counter << 32) + (u64)v + 1ull;
-    const u64 x = seed + 0x9E3779B97F4A7C15ull * key;
-    u64 z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const u64 z = splitmix64(seed, ((u64)counter << 32) + (u64)v + 1ull);
     return ((float)(z >> 41) + 0.5f) * 1.1920928955078125e-07f;
 }
 
