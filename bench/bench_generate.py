@@ -47,7 +47,7 @@ def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: f
     return (new_tokens * num_params * 2 + context_tokens * kv_per_token) / bandwidth
 
 
-def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int) -> dict:
+def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int, num_scheduler_steps: int = 1) -> dict:
     import cupy
 
     from barerl.config import ModelConfig
@@ -59,7 +59,8 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int) -> dic
     cfg = ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape")
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     seqs = len(prompts) * samples
-    llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6)
+    llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6,
+              num_scheduler_steps=num_scheduler_steps)
     assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
@@ -113,6 +114,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="128 new tokens per sequence: a fast check")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
+    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1],
+                        help="barerl decode steps per graph launch (lookahead); one row per value")
     parser.add_argument("--csv", default="bench_generate.csv")
     args = parser.parse_args()
 
@@ -124,11 +127,14 @@ def main() -> None:
         new_tokens = 128 if args.quick else new_tokens
         rng = np.random.default_rng(0)
         prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
-        ours = bench_barerl(prompts, samples, new_tokens)
+        results = []
+        for steps in args.num_scheduler_steps:
+            ours = bench_barerl(prompts, samples, new_tokens, steps)
+            ours["system"] = "barerl" if steps == 1 else f"barerl lookahead {steps}"
+            print(f"{name} {ours['system']} engine stats: {ours['stats']}", flush=True)
+            results.append(ours)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)
-        print(f"{name} barerl engine stats: {ours['stats']}, "
-              f"{100 * bound / ours['seconds']:.1f}% of the HBM bound", flush=True)
-        results = [ours] + ([] if args.no_peer else [bench_transformers(prompts, samples, new_tokens)])
+        results += [] if args.no_peer else [bench_transformers(prompts, samples, new_tokens)]
         for r in results:
             rows.append({"workload": name, "system": r["system"], "new_tok_s": r["new_tokens"] / r["seconds"],
                          "ms_per_step": 1e3 * r["seconds"] / new_tokens, "peak_gib": r["peak_gib"],
@@ -136,13 +142,14 @@ def main() -> None:
             print(f"{name} {r['system']}: {rows[-1]['new_tok_s']:.0f} new tok/s, {rows[-1]['ms_per_step']:.2f} "
                   f"ms/step, {100 * rows[-1]['of_hbm_bound']:.1f}% of the HBM bound", flush=True)
         if not args.no_peer:
-            rows[-2]["ratio_vs_transformers"] = rows[-2]["new_tok_s"] / rows[-1]["new_tok_s"]
+            for r in rows[-len(results):-1]:
+                r["ratio_vs_transformers"] = r["new_tok_s"] / rows[-1]["new_tok_s"]
 
-    print(f"\n{'workload':8s} {'system':13s} {'new tok/s':>10s} {'ms/step':>8s} {'peak GiB':>9s} "
+    print(f"\n{'workload':8s} {'system':20s} {'new tok/s':>10s} {'ms/step':>8s} {'peak GiB':>9s} "
           f"{'% HBM bound':>12s} {'x transformers':>15s}")
     for r in rows:
         ratio = f"{r['ratio_vs_transformers']:.1f}x" if "ratio_vs_transformers" in r else ""
-        print(f"{r['workload']:8s} {r['system']:13s} {r['new_tok_s']:10.0f} {r['ms_per_step']:8.2f} "
+        print(f"{r['workload']:8s} {r['system']:20s} {r['new_tok_s']:10.0f} {r['ms_per_step']:8.2f} "
               f"{r['peak_gib']:9.1f} {100 * r['of_hbm_bound']:11.1f}% {ratio:>15s}")
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["workload", "system", "new_tok_s", "ms_per_step", "peak_gib",

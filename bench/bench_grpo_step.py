@@ -43,7 +43,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
     return [zlib.crc32(c.encode()) % 100 / 100 for c in completions]
 
 
-def run(quick: bool, steps: int, device: str) -> dict:
+def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 1) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -70,7 +70,8 @@ def run(quick: bool, steps: int, device: str) -> dict:
     )
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
-               reward_funcs=[cheap_reward], show_progress=False)
+               reward_funcs=[cheap_reward], show_progress=False,
+               engine_args={"num_scheduler_steps": num_scheduler_steps})
     wall = time.perf_counter() - start
     with open(out / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
@@ -91,9 +92,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps; the first is a warm-up")
     parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences (CPU smoke test)")
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--num-scheduler-steps", type=int, default=1, help="engine decode steps per graph launch")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    r = run(args.quick, args.steps, args.device)
+    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps)
     print(f"R1 barerl: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
           f"engine/trainer mismatch max {r['mismatch_max']:.2e}"

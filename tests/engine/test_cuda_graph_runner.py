@@ -2,7 +2,9 @@
 
 The engine runs a tiny Qwen3 on the GPU twice, with enforce_eager (ModelRunner) and without (the graph
 runner); batches of 1..7 sequences land in padded buckets (1, 2, 4, 8), samples share prompt
-blocks (copy-on-write), and the engine sleeps and wakes in between (the graphs are captured again).
+blocks (copy-on-write), and the engine sleeps and wakes in between (the graphs are captured again). With
+lookahead (num_scheduler_steps=4) a graph holds four decode steps: the tokens must still be the eager
+single steps' tokens.
 """
 
 import numpy as np
@@ -18,7 +20,8 @@ def test_batch_buckets():
 
 
 @pytest.mark.gpu
-def test_graph_decode_matches_eager(tiny_hf_model, tmp_path):
+@pytest.mark.parametrize("steps", [1, 4])
+def test_graph_decode_matches_eager(tiny_hf_model, tmp_path, steps):
     cupy = pytest.importorskip("cupy", reason="needs cupy and a CUDA GPU")
     try:
         cupy.cuda.runtime.getDeviceCount()
@@ -37,19 +40,22 @@ def test_graph_decode_matches_eager(tiny_hf_model, tmp_path):
                 SamplingParams(n=2, temperature=1.0, top_p=0.9, seed=3, max_tokens=30, ignore_eos=True,
                                logprobs=True)]
 
-    def generate(graphs: bool):
-        llm = LLM(model, max_num_seqs=8, num_kv_blocks=64, max_model_len=128, enforce_eager=not graphs)
+    def generate(graphs: bool, num_steps: int):
+        llm = LLM(model, max_num_seqs=8, num_kv_blocks=64, max_model_len=128, enforce_eager=not graphs,
+                  num_scheduler_steps=num_steps)
         assert isinstance(llm.runner, CudaGraphRunner) == graphs
         results = []
         for params in requests:
             results += [o for r in llm.generate(prompts, params, use_tqdm=False) for o in r.outputs]
             if graphs:
-                assert sorted(llm.runner.graphs) == [1, 2, 4, 8]
+                assert llm.runner.graphs and {b for b, _ in llm.runner.graphs} <= {1, 2, 4, 8}
+                assert {k for _, k in llm.runner.graphs} <= {1, num_steps}
+                assert num_steps == 1 or any(k == num_steps for _, k in llm.runner.graphs)
             llm.sleep()  # drops the graphs; the next decode step captures them again on the new cache
             llm.wake()
         return results
 
-    eager, graphed = generate(False), generate(True)
+    eager, graphed = generate(False, 1), generate(True, steps)
     assert len(eager) == len(graphed)
     for e, g in zip(eager, graphed, strict=True):
         assert g.token_ids == e.token_ids

@@ -19,6 +19,9 @@ ENGINE_CONFIGS = {
     "preemption": {"num_kv_blocks": 16},
     "preemption-no-cache": {"num_kv_blocks": 16, "enable_prefix_caching": False},
     "block-size-3": {"block_size": 3, "max_model_len": 63},
+    "lookahead-4": {"num_scheduler_steps": 4},
+    "lookahead-3-max-num-seqs-3": {"num_scheduler_steps": 3, "max_num_seqs": 3},
+    "lookahead-4-preemption": {"num_scheduler_steps": 4, "num_kv_blocks": 16},
 }
 SHARED = list(range(1, 10))
 PROMPTS = [list(range(3, 8)), list(range(11, 24)), [5], SHARED + [20, 21, 22], list(range(4, 24)),
@@ -41,8 +44,12 @@ def token_lists(outputs):
 def test_engine_matches_the_naive_oracle(name):
     model = PagedMockModel()
     llm = LLM(model, **{**BASE, **ENGINE_CONFIGS[name]})
+    lookaheads = []
+    run_steps = llm.runner.execute_steps
+    llm.runner.execute_steps = lambda inputs, k: lookaheads.append(k) or run_steps(inputs, k)
     params = [dataclasses.replace(p, logprobs=True) for p in PARAMS]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert bool(lookaheads) == (llm.config.num_scheduler_steps > 1)
     expected = [naive_generate(model, prompt, p, p.seed) for prompt, p in zip(PROMPTS, params)]
     for i, (got, want) in enumerate(zip(token_lists(outputs), expected)):
         for j, ((tokens, logprobs), (want_tokens, want_logprobs)) in enumerate(zip(got, want)):
@@ -138,3 +145,27 @@ def test_an_abandoned_stream_leaves_the_engine_clean():
     out = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=3, seed=1), use_tqdm=False)
     assert all(o.finished for o in out)
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
+def test_lookahead_gives_the_single_steps_tokens_on_a_real_model():
+    """Positions, rope, cache slots and sampler counters advanced between lookahead steps (advance_decode):
+    a tiny random Qwen3 samples the same tokens and log-probs with 5 steps per runner call as with one."""
+    from barerl.config import ModelConfig
+    from barerl.model.model import Model
+
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 50, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128,
+    })
+    model = Model.random(cfg, seed=0)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=23, ignore_eos=True, seed=7, logprobs=True)
+    prompts = [list(range(1, 6)), list(range(7, 30))]
+    outputs = {}
+    for steps in (1, 5):
+        llm = LLM(model, block_size=4, max_model_len=64, num_scheduler_steps=steps)
+        outputs[steps] = token_lists(llm.generate(prompts, params, use_tqdm=False))
+    for single, ahead in zip(outputs[1], outputs[5], strict=True):
+        for (tokens, logprobs), (tokens_ahead, logprobs_ahead) in zip(single, ahead, strict=True):
+            assert tokens_ahead == tokens
+            np.testing.assert_allclose(logprobs_ahead, logprobs, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """Stop conditions and text, as vLLM documents them: EOS, stop_token_ids, stop strings (cut from the text,
-kept with include_stop_str_in_output), min_tokens, ignore_eos, max_tokens, max_model_len, streaming."""
+kept with include_stop_str_in_output), min_tokens, ignore_eos, max_tokens, max_model_len, streaming; each
+with single decode steps and with lookahead (4 steps per runner call: tokens past a stop are dropped)."""
 
 import pytest
 from engine_helpers import CharTokenizer, scripted_model
@@ -9,11 +10,17 @@ from barerl import LLM, SamplingParams
 TOK = CharTokenizer()
 PROMPT = "ab"
 HELLO = ["h", "e", "l", "lo w", "orld", "!"]  # "hello world!", then <eos>
+ENGINE = {}
+
+
+@pytest.fixture(autouse=True, params=[1, 4], ids=["single-steps", "lookahead-4"])
+def num_scheduler_steps(request):
+    ENGINE["num_scheduler_steps"] = request.param
 
 
 def run(pieces, max_model_len=64, **params):
     model = scripted_model(TOK, pieces, len(PROMPT))
-    llm = LLM(model, tokenizer=TOK, block_size=4, max_model_len=max_model_len)
+    llm = LLM(model, tokenizer=TOK, block_size=4, max_model_len=max_model_len, **ENGINE)
     params = {"temperature": 0, "max_tokens": 20, **params}
     [out] = llm.generate(PROMPT, SamplingParams(**params), use_tqdm=False)
     return out.outputs[0]

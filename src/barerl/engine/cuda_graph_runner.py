@@ -1,9 +1,11 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket; every other step runs eagerly.
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket (and number of lookahead steps);
+every other step runs eagerly.
 
 A decode step (one new token and one sample per sequence, no banned tokens) is ~30 small launches per layer:
 launched from Python they cost more than the GPU work. `CudaGraphRunner` captures `forward_paged` + `sample`
-once per bucket (1, 2, 4, 8, then multiples of 16 up to max_num_seqs) and replays the graph of the smallest
-bucket that holds the batch. Design decisions:
+per bucket (1, 2, 4, 8, then multiples of 16 up to max_num_seqs) when a step first needs it, and replays the
+graph of the smallest bucket that holds the batch. A lookahead batch of K steps replays a graph of K
+forward + sample + `advance_decode` rounds: one launch and one host sync per K tokens. Design decisions:
 - Static inputs: one set of device buffers sized for the largest bucket; a bucket's graph reads their first
   rows. Each step copies its host arrays into them (four copies from pinned memory, the block table as a 2D
   copy of only the columns in use) and pads the rows past the batch: slot -1 (nothing is written to the
@@ -12,6 +14,8 @@ bucket that holds the batch. Design decisions:
   shapes alone and one graph serves every context length.
 - Capture allocates from a private memory pool: the temporaries a graph reuses on every replay can never be
   handed to arrays outside the graphs. Graphs of different buckets share that pool (never run together).
+  Graphs are captured lazily: an engine that sleeps between generations (GRPO) recaptures only the
+  buckets it uses.
 - Rope tables are built for max_model_len before capture (`forward_paged(max_position=...)` then never syncs
   or reallocates them). The weights are read in place: optimizer updates reach the next replay. Releasing the
   KV cache (sleep) drops the graphs and their pool; the next decode step after wake captures again.
@@ -110,56 +114,84 @@ class CudaGraphRunner(ModelRunner):
         self.max_model_len = max_model_len
         self.static = _StaticInputs(self.buckets[-1], -(-max_model_len // block_size))
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.graphs: dict[int, tuple] = {}  # batch -> (graph, tokens, logprobs)
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (batch, steps) -> (graph, tokens, logprobs)
         self._pool = None
         self._captured_cache = None
         model._ensure_rope(max_model_len)  # before capture, with the default allocator: graphs read these
 
     def free_kv_cache(self) -> None:
+        self._drop_graphs()
+        super().free_kv_cache()
+
+    def _drop_graphs(self) -> None:
         self.graphs, self._captured_cache = {}, None
         if self._pool is not None:
             self._pool.free_all_blocks()
             self._pool = None
-        super().free_kv_cache()
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        return self._replay(inputs, 1) if self._graphable(inputs) else super().execute(inputs)
+
+    def execute_steps(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self._graphable(inputs):
+            return super().execute_steps(inputs, num_steps)
+        return self._replay(inputs, num_steps)
+
+    def _graphable(self, inputs: StepInputs) -> bool:
+        return (inputs.is_decode_only and not len(inputs.banned_rows) and len(inputs.input_ids) <= self.buckets[-1]
+                and self.kv_cache is not None)
+
+    def _replay(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and log-probs (n,) of one step, or (num_steps, n) of several, from the bucket's graph."""
+        if self._captured_cache is not self.kv_cache:  # a new cache (wake): graphs of the old one are stale
+            self._drop_graphs()
+            self._captured_cache = self.kv_cache
         n = len(inputs.input_ids)
-        graphable = inputs.is_decode_only and not len(inputs.banned_rows) and n <= self.buckets[-1]
-        if not graphable or self.kv_cache is None:
-            return super().execute(inputs)
-        if self._captured_cache is not self.kv_cache:
-            self.capture()
         batch = next(b for b in self.buckets if b >= n)
-        graph, tokens, logprobs = self.graphs[batch]
+        if (batch, num_steps) not in self.graphs:
+            self.capture(batch, num_steps)
+        graph, tokens, logprobs = self.graphs[batch, num_steps]
         with self.stream:
             self.static.fill(inputs, batch)
             self.copy_blocks(inputs.copy_src, inputs.copy_dst)
             graph.launch(self.stream)
-            return tokens[:n].get(), logprobs[:n].get()
+            return tokens[..., :n].get(), logprobs[..., :n].get()
 
-    def capture(self) -> None:
-        """Capture one graph per bucket, largest first (its temporaries then fit the smaller ones)."""
+    def capture(self, batch: int, num_steps: int) -> None:
+        """Capture the graph of `num_steps` decode steps of `batch` rows, when a step first needs it."""
         import cupy
 
-        self.graphs = {}
-        self._pool = cupy.cuda.MemoryPool()
+        if self._pool is None:
+            self._pool = cupy.cuda.MemoryPool()
         cupy.cuda.Device().synchronize()  # the eager path's work (legacy stream) is done before ours starts
         with self.stream, cupy.cuda.using_allocator(self._pool.malloc):
             self.static.reset()
-            for batch in reversed(self.buckets):
-                self._decode(batch)  # warm-up: compiles kernels, fills the pool on this stream
-                self.stream.synchronize()
-                self.stream.begin_capture()
-                tokens, logprobs = self._decode(batch)
-                self.graphs[batch] = (self.stream.end_capture(), tokens, logprobs)
-        self._captured_cache = self.kv_cache
+            self._decode(batch, num_steps)  # warm-up: compiles kernels, fills the pool on this stream
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            tokens, logprobs = self._decode(batch, num_steps)
+            self.graphs[batch, num_steps] = (self.stream.end_capture(), tokens, logprobs)
 
-    def _decode(self, batch: int):
-        """forward_paged + sample on the static buffers' first `batch` rows (what the graphs hold)."""
+    def _decode(self, batch: int, num_steps: int):
+        """forward_paged + sample on the static buffers' first `batch` rows, num_steps times, the inputs
+        advanced on the device in between (what the graphs hold). Returns (batch,) or (num_steps, batch)."""
+        import cupy
+
         v = self.static.views(batch)
-        logits = self.model.forward_paged(
-            v["input_ids"], v["positions"], v["cu_seqlens_q"], v["context_lens"], v["block_tables"],
-            v["slot_mapping"], self.kv_cache, max_position=self.max_model_len - 1,
-        )
-        return self.model.backend.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
-                                         v["seeds"], v["counters"])
+        tokens, logprobs = [], []
+        for step in range(num_steps):
+            if step:
+                self.model.backend.advance_decode(
+                    tokens[-1], v["input_ids"], v["positions"], v["context_lens"], v["slot_mapping"],
+                    v["counters"], v["block_tables"], self.block_size)
+            logits = self.model.forward_paged(
+                v["input_ids"], v["positions"], v["cu_seqlens_q"], v["context_lens"], v["block_tables"],
+                v["slot_mapping"], self.kv_cache, max_position=self.max_model_len - 1,
+            )
+            step_tokens, step_logprobs = self.model.backend.sample(
+                logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"], v["seeds"], v["counters"])
+            tokens.append(step_tokens)
+            logprobs.append(step_logprobs)
+        if num_steps == 1:
+            return tokens[0], logprobs[0]
+        return cupy.stack(tokens), cupy.stack(logprobs)

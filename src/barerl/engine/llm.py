@@ -56,10 +56,12 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # default: as many as the memory budget holds
     enforce_eager: bool = False  # on the GPU: no CUDA graphs for decode steps
+    num_scheduler_steps: int = 1  # decode steps per schedule and runner call when all can take them (lookahead)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
+        positive = ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks",
+                    "num_scheduler_steps")
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -271,13 +273,15 @@ class LLM:
     def _step(self, incremental_text: bool = False) -> list[Sequence]:
         """One engine step. Text is built token by token only where needed (stop strings, streaming);
         otherwise `_text` decodes each finished sample once."""
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(self.config.num_scheduler_steps)
         tokens, logprobs = self.runner.run(batch)
-        sampled = self.scheduler.update(batch, tokens, logprobs)
-        if self.tokenizer is not None:
-            for seq in sampled:
-                if incremental_text or seq.params.stop_strings:
+        sampled = []
+        for k, (step, rows) in enumerate(self.scheduler.step_batches(batch)):
+            step_tokens, step_logprobs = (tokens, logprobs) if rows is None else (tokens[k, rows], logprobs[k, rows])
+            for seq in self.scheduler.update(step, step_tokens, step_logprobs):
+                if self.tokenizer is not None and (incremental_text or seq.params.stop_strings):
                     self._detokenize(seq)
+                sampled.append(seq)
         return sampled
 
     def _detokenize(self, seq: Sequence) -> None:

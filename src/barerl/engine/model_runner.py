@@ -7,6 +7,11 @@ that sample. A CUDA-graph runner replaces `execute` for decode-only steps (`Step
 and keeps everything else. The runner owns the KV cache: `free_kv_cache` / `allocate_kv_cache` are the
 engine's sleep and wake.
 
+Several decode steps in one call (`ScheduledBatch.num_steps` > 1, see the scheduler's lookahead): the
+first step's inputs are prepared as usual, the block tables already hold the blocks of every step, and
+`backend.advance_decode` turns each step's sampled tokens into the next step's inputs on the device, so the
+host sees the K x R tokens once, at the end.
+
 Sampling rows: a sequence whose computed prefix reaches the end of its tokens this step draws its next
 token from its logits row; a parent (n samples, before its first token) draws n tokens from the same row
 with n seeds, which is how the n samples of one prompt share one prefill. Rows of sequences in the middle
@@ -49,6 +54,10 @@ class StepInputs:
     def is_decode_only(self) -> bool:
         """One new token per sequence and one sample per sequence: the step a CUDA graph replays."""
         return len(self.input_ids) == len(self.context_lens) == len(self.sample_rows)
+
+
+# The inputs a decode step changes for the next one (backend.advance_decode's arguments).
+_ADVANCED_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "counters", "block_tables")
 
 
 def _i32(values) -> np.ndarray:
@@ -125,8 +134,30 @@ class ModelRunner:
             free_pool().free_all_blocks()
 
     def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
-        """One step: sampled tokens (R,) int32 and their log-probs (R,) fp32, on the host."""
-        return self.execute(prepare_step(batch, self.block_size))
+        """Sampled tokens (R,) int32 and their log-probs (R,) fp32 on the host; (num_steps, R) when the batch
+        runs several decode steps."""
+        inputs = prepare_step(batch, self.block_size)
+        return self.execute(inputs) if batch.num_steps == 1 else self.execute_steps(inputs, batch.num_steps)
+
+    def execute_steps(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """num_steps decode steps of a decode-only batch, inputs advanced on the device between steps."""
+        if self.kv_cache is None:
+            raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
+        xp = self.model.xp
+        state = {name: xp.array(getattr(inputs, name)) for name in _ADVANCED_FIELDS}
+        self.copy_blocks(inputs.copy_src, inputs.copy_dst)
+        tokens, logprobs = [], []
+        for step in range(num_steps):
+            if step:
+                self.model.backend.advance_decode(tokens[-1], **state, block_size=self.block_size)
+            logits = self.model.forward_paged(
+                state["input_ids"], state["positions"], inputs.cu_seqlens_q, state["context_lens"],
+                state["block_tables"], state["slot_mapping"], self.kv_cache,
+            )
+            step_tokens, step_logprobs = self._sample_rows(logits, inputs, state["counters"])
+            tokens.append(step_tokens)
+            logprobs.append(step_logprobs)
+        return _to_host(xp.stack(tokens)), _to_host(xp.stack(logprobs))
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
         if self.kv_cache is None:
@@ -146,12 +177,16 @@ class ModelRunner:
     def sample(self, logits, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
         if not len(inputs.sample_rows):
             return np.empty(0, np.int32), np.empty(0, np.float32)
+        tokens, logprobs = self._sample_rows(logits, inputs, self.model.xp.asarray(inputs.counters))
+        return _to_host(tokens), _to_host(logprobs)
+
+    def _sample_rows(self, logits, inputs: StepInputs, counters):
+        """Device tokens and log-probs of the sampling rows (banned tokens masked first)."""
         xp = self.model.xp
         rows = logits[xp.asarray(inputs.sample_rows)]
         if len(inputs.banned_rows):
             rows[xp.asarray(inputs.banned_rows), xp.asarray(inputs.banned_tokens)] = -np.inf
-        tokens, logprobs = self.model.backend.sample(
+        return self.model.backend.sample(
             rows, xp.asarray(inputs.temperature), xp.asarray(inputs.top_k), xp.asarray(inputs.top_p),
-            xp.asarray(inputs.min_p), xp.asarray(inputs.seeds), xp.asarray(inputs.counters),
+            xp.asarray(inputs.min_p), xp.asarray(inputs.seeds), counters,
         )
-        return _to_host(tokens), _to_host(logprobs)

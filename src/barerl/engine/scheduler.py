@@ -13,6 +13,12 @@ prefill chunks and decode tokens freely (the model takes both in one packed batc
 A parent sequence (n samples, before its first token) counts as n sequences towards `max_num_seqs`, since
 it forks into n right after its prefill. Finished sequences free their blocks at once.
 
+Lookahead (`schedule(num_steps=K)`, vLLM's multi-step scheduling): a decode-only batch with nothing waiting
+gets the blocks of its next K tokens at once and runs K steps in one runner call, so the host schedules once
+per K tokens. Only when every sequence can take K more tokens (max_tokens, max_model_len), none still has
+banned tokens (min_tokens) or forks, and the cache has the blocks; otherwise the step is a single one.
+Tokens drawn after a sequence stops are dropped by `update`, which the engine calls once per step taken.
+
 Stop conditions checked here are those on token ids (vLLM's order: length first, then EOS, then
 `stop_token_ids`); stop strings need text and are checked by the engine, which calls `finish`.
 """
@@ -34,6 +40,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write pairs
+    num_steps: int = 1  # decode steps run in one go (lookahead)
 
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
         self.seqs.append(seq)
@@ -85,7 +92,7 @@ class Scheduler:
 
     # -------------------------------------------------------------------------------------------- schedule
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, num_steps: int = 1) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         preempted = False
@@ -110,7 +117,22 @@ class Scheduler:
         if not batch.seqs and self.has_unfinished():
             raise RuntimeError("scheduler: nothing fits in the KV cache (give it more blocks, or lower "
                                "max_model_len)")
+        if num_steps > 1 and self._can_look_ahead(batch, num_steps):
+            for seq in batch.seqs:
+                self.block_manager.append_slots(seq, num_steps)
+            batch.num_steps = num_steps
         return batch
+
+    def _can_look_ahead(self, batch: ScheduledBatch, num_steps: int) -> bool:
+        if self.waiting or not batch.is_decode_only:
+            return False
+        for i, seq in enumerate(batch.seqs):
+            max_tokens = seq.params.max_tokens or self.max_model_len
+            room = min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+            if not batch.samples(i) or seq.num_samples != 1 or seq.banned_token_ids() or room < num_steps:
+                return False
+        needed = sum(self.block_manager.num_blocks_to_append(seq, num_steps) for seq in batch.seqs)
+        return needed <= self.block_manager.num_free_blocks
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         num_running_samples = sum(s.num_samples for s in self.running)
@@ -146,6 +168,18 @@ class Scheduler:
         self.num_preemptions += 1
 
     # ---------------------------------------------------------------------------------------------- update
+
+    def step_batches(self, batch: ScheduledBatch):
+        """The single steps of a lookahead batch, each of the sequences still running (one per step taken),
+        with the rows of the runner's output they read; a single step yields itself."""
+        if batch.num_steps == 1:
+            yield batch, None
+            return
+        for _ in range(batch.num_steps):
+            rows = [i for i, seq in enumerate(batch.seqs) if seq.status is SequenceStatus.RUNNING]
+            if not rows:
+                return
+            yield ScheduledBatch([batch.seqs[i] for i in rows], [1] * len(rows)), rows
 
     def update(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float]) -> list[Sequence]:
         """Record the step: advance computed prefixes, append sampled tokens (forking parents), check stops.

@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_LM_HEAD_CHUNK",
+    "advance_decode",
     "attention",
     "attention_backward",
     "embedding",
@@ -272,6 +273,24 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     vc = v_cache.reshape(-1, *v_cache.shape[2:])
     kc[slots[keep]] = k[keep].astype(k_cache.dtype, copy=False)
     vc[slots[keep]] = v[keep].astype(v_cache.dtype, copy=False)
+
+
+def advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, counters, block_tables, block_size):
+    """Turn one decode step's inputs (one token per sequence, in place) into the next step's, on the device:
+    each live row (slot >= 0) feeds its sampled token back, moves to the next position and cache slot
+    (block_tables (S, max_blocks) must already hold that block) and draws its next sample with counter + 1.
+    Padding rows (slot -1) stay as they are. Elementwise, no host round trip: a CUDA graph can hold
+    several decode steps."""
+    xp = xp_of(positions)
+    live = slot_mapping >= 0
+    next_positions = positions + 1
+    column = xp.where(live, next_positions // block_size, 0)
+    block = block_tables[xp.arange(positions.shape[0]), column]
+    input_ids[...] = xp.where(live, tokens.astype(input_ids.dtype), input_ids)
+    slot_mapping[...] = xp.where(live, block * block_size + next_positions % block_size, -1)
+    positions[...] = xp.where(live, next_positions, positions)
+    context_lens[...] = xp.where(live, context_lens + 1, context_lens)
+    counters[...] = xp.where(live, counters + 1, counters)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
