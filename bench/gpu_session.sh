@@ -7,7 +7,8 @@
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32,
 # parity_smol_barerl_no_is (reward parity, $SEEDS; models
 # in .parity).
-# Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
+# Extra arguments: R1_ARGS (bench_grpo_step.py, e.g. "--num-scheduler-steps 8"), GEN_ARGS (bench_generate.py,
+# e.g. "--num-scheduler-steps 1 8 --no-peer"). Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
 set -o pipefail
 OUT=${OUT:-/tmp/barerl_out}
@@ -35,12 +36,20 @@ stage_tests() {
     | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 }
 stage_t1() { timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25; }
-stage_r1() { timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" 2>&1 | tee "$OUT/r1.log" | tail -10; }
+stage_r1() {
+  # shellcheck disable=SC2086
+  timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" $R1_ARGS 2>&1 \
+    | tee "$OUT/r1.log" | tail -10
+}
 stage_trl() {
   with_trl timeout "$(budget ${TRL_TIMEOUT:-300})" python3 bench/bench_grpo_trl.py --json "$OUT/r1_trl.json" 2>&1 \
     | tee "$OUT/r1_trl.log" | grep -v -E "it/s|s/it" | tail -15
 }
-stage_gen() { timeout "$(budget ${GEN_TIMEOUT:-300})" python3 bench/bench_generate.py --csv "$OUT/generate.csv" 2>&1 | tee "$OUT/generate.log" | tail -25; }
+stage_gen() {
+  # shellcheck disable=SC2086
+  timeout "$(budget ${GEN_TIMEOUT:-300})" python3 bench/bench_generate.py --csv "$OUT/generate.csv" $GEN_ARGS 2>&1 \
+    | tee "$OUT/generate.log" | tail -25
+}
 stage_kernels() { timeout "$(budget ${KERNELS_TIMEOUT:-120})" python3 bench/bench_decode_kernels.py 2>&1 | tee "$OUT/decode_kernels.log" | tail -25; }
 stage_demo() {
   timeout "$(budget ${DEMO_TIMEOUT:-200})" python3 -m barerl.cli demo --device cuda --output_dir "$OUT/demo" 2>&1 \
