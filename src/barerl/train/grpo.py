@@ -70,8 +70,11 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
         sampler.load_state_dict(data_state["sampler"])
     model = run.model
     ref_model = _frozen_copy(model) if cfg.beta > 0 else None
-    llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed,
-              max_model_len=(cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {}))
+    # The engine never runs more sequences at once than one generation round has completions: a KV cache
+    # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
+    engine = {"max_num_seqs": cfg.effective_generation_batch_size,
+              "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {})}
+    llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed, **engine)
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
