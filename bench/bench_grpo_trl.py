@@ -22,23 +22,31 @@ from bench_train_step import QWEN3_06B
 
 
 def generation_vs_training_logprobs(model, rows, tokenizer, samples: int, new_tokens: int) -> dict:
-    """|log-prob at sampling - log-prob of a training forward| over completion tokens, and the KL estimate."""
+    """|log-prob at sampling - log-prob of a training forward| over completion tokens, and the KL estimate.
+
+    Prompts are left-padded and the training forward gets the attention mask of prompt + completion (up to
+    its EOS) and no position ids, as TRL's GRPOTrainer computes its log-probs."""
     import torch
 
     device = next(model.parameters()).device
-    ids = tokenizer([r["prompt"] for r in rows], return_tensors="pt").input_ids.to(device)
-    ids = ids.repeat_interleave(samples, dim=0)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False)
+    ids = enc.input_ids.repeat_interleave(samples, dim=0).to(device)
+    prompt_mask = enc.attention_mask.repeat_interleave(samples, dim=0).to(device)
     model.eval()
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                             top_p=1.0, max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True)
+        out = model.generate(ids, attention_mask=prompt_mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+                             output_logits=True, return_dict_in_generate=True)
         completion = out.sequences[:, ids.shape[1]:]
+        is_eos = completion == tokenizer.eos_token_id
+        alive = (torch.cumsum(is_eos, dim=1) - is_eos.long()) == 0  # up to and including the first EOS
         sampled = torch.stack(out.logits, dim=1).float().log_softmax(-1)
         sampled = sampled.gather(-1, completion[..., None])[..., 0]
-        alive = torch.cumsum(completion == tokenizer.eos_token_id, dim=1) - (completion == tokenizer.eos_token_id).long() == 0
         model.train()
-        logits = model(out.sequences, attention_mask=torch.ones_like(out.sequences)).logits
+        mask = torch.cat([prompt_mask, alive.long()], dim=1)
+        logits = model(out.sequences, attention_mask=mask).logits
         trained = logits[:, ids.shape[1] - 1:-1].float().log_softmax(-1).gather(-1, completion[..., None])[..., 0]
     delta = (sampled - trained)[alive]
     ratio = torch.exp(trained - sampled)[alive]

@@ -2,13 +2,14 @@
 # Device calls for the whole system, by stage (a device call lasts at most 600 s, so split the stages):
 #   bash bench/gpu_session.sh tests t1 r1 demo                 # one GPU, stages in order
 #   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
-# Stages: tests (model-level GPU tests), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen (G1/G2 with
-# transformers), kernels (decode-kernel micro-benchmarks), demo (`barerl demo` on the GPU), parity_demo_barerl,
-# parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32,
-# parity_smol_barerl_no_is (reward parity, $SEEDS; models
-# in .parity).
+# Stages: tests (model-level GPU tests, AdamW kernels), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen
+# (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), demo (`barerl demo` on the GPU), reward
+# parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint), parity_demo_barerl,
+# parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
+# (models in .parity).
 # Extra arguments: R1_ARGS (bench_grpo_step.py, e.g. "--num-scheduler-steps 8"), GEN_ARGS (bench_generate.py,
-# e.g. "--num-scheduler-steps 1 8 --no-peer"). Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
+# e.g. "--num-scheduler-steps 1 8 --no-peer").
+# Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
 set -o pipefail
 OUT=${OUT:-/tmp/barerl_out}
@@ -31,7 +32,7 @@ setup() {
 with_trl() { PYTHONPATH=$PYTHONPATH:/tmp/site "$@"; }
 
 stage_tests() {
-  timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py \
+  timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py tests/kernels/test_adamw.py \
     tests/engine/test_cuda_graph_runner.py tests/train/test_loops.py -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
     | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 }
@@ -69,6 +70,15 @@ parity() {  # parity TASK MODEL SYSTEM [OUT_SUFFIX EXTRA_ARGS...]: 3 seeds, metr
 }
 stage_parity_demo_barerl() { parity demo .parity/demo_sft barerl; }
 stage_parity_demo_trl() { parity demo .parity/demo_sft trl; }
+demo_gpu_model() {  # the GPU demo's SFT checkpoint (head_dim 64: the attention kernels cover it)
+  [ -d /tmp/demo_gpu/sft/checkpoint-300 ] ||
+    python3 -m barerl.cli demo --device cuda --output_dir /tmp/demo_gpu > "$OUT/demo_gpu.log" 2>&1
+}
+# Both systems in one list: the same checkpoint, made once. The GPU demo trains GRPO at lr 1e-4.
+stage_parity_demogpu() {
+  demo_gpu_model && parity demo /tmp/demo_gpu/sft/checkpoint-300 barerl _gpu_model --learning_rate 1e-4 &&
+    parity demo /tmp/demo_gpu/sft/checkpoint-300 trl _gpu_model --learning_rate 1e-4
+}
 smol_model() {  # SmolLM2 travels as a GGUF in two parts (over one call's size limit); a HF folder both load
   [ -d /tmp/smol ] && return
   cat .parity/smol.gguf.part_a .parity/smol.gguf.part_b > /tmp/smol.gguf &&

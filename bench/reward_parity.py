@@ -68,7 +68,11 @@ def run_barerl(args) -> dict:
                      save_steps=0, log_completions_steps=5, device=args.device, dtype=args.dtype,
                      **hyperparameters(args), **dict(option.split("=", 1) for option in args.set))
     result = train_grpo(cfg, rows=rows, reward_funcs=[reward], show_progress=False)
-    record = {"rewards": result.rewards}
+    with open(run_dir(args) / "metrics.jsonl") as f:
+        steps = [json.loads(line) for line in f]
+    record = {"rewards": result.rewards,  # the engine/trainer mismatch, averaged over the steps (max: the max)
+              "mismatch": {key: (max if key == "max" else np.mean)([r[f"mismatch/{key}"] for r in steps])
+                           for key in ("max", "mean", "p99", "kl")}}
     if resolve_device(cfg.device) == "cuda":
         import cupy
 
@@ -99,7 +103,19 @@ def run_trl(args) -> dict:
     record = {"rewards": [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]}
     if cuda:
         record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    record["mismatch"] = trl_mismatch(model, trainer.processing_class, rows, hyperparameters(args))
     return record
+
+
+def trl_mismatch(model, tokenizer, rows: list[dict], hp: dict) -> dict:
+    """TRL keeps no generation-time log-probs without vLLM: sample 8 prompts x 8 completions from the trained
+    model and compare those log-probs with a training-style forward (bench_grpo_trl's measurement)."""
+    from bench_grpo_trl import generation_vs_training_logprobs
+
+    prompts = [{"prompt": tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                if isinstance(r["prompt"], list) else r["prompt"]} for r in rows[:8]]
+    return generation_vs_training_logprobs(model, prompts, tokenizer, hp["num_generations"],
+                                           hp["max_completion_length"])
 
 
 def hyperparameters(args) -> dict:
@@ -127,7 +143,9 @@ def run(args) -> None:
         json.dump(record, f, indent=1)
     rewards = record["rewards"]
     print(f"{args.system} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s"
-          + (f", peak {record['peak_gib']:.1f} GiB" if "peak_gib" in record else ""), flush=True)
+          + (f", peak {record['peak_gib']:.1f} GiB" if "peak_gib" in record else "")
+          + ", log-prob mismatch " + ", ".join(f"{k} {float(v):.3g}" for k, v in record["mismatch"].items()),
+          flush=True)
 
 
 def plot(args) -> None:
