@@ -147,6 +147,32 @@ def test_truncated_sampling_gives_no_engine_trainer_mismatch(tmp_path):
     assert all(r["mismatch/max"] < 1e-4 for r in metrics(tmp_path))
 
 
+def test_grpo_rollouts_do_not_depend_on_engine_lookahead(tmp_path, monkeypatch):
+    from barerl.engine.model_runner import ModelRunner
+
+    lookaheads = []
+    run_steps = ModelRunner.execute_steps
+    monkeypatch.setattr(ModelRunner, "execute_steps",
+                        lambda self, inputs, k: lookaheads.append(k) or run_steps(self, inputs, k))
+
+    def run(folder, steps):
+        cfg = grpo_config(folder, max_completion_length=8, temperature=1.5)
+        return train_grpo(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
+                          reward_funcs=[starts_with_seven], show_progress=False,
+                          engine_args={"num_kv_blocks": 128, "num_scheduler_steps": steps})
+
+    run(tmp_path / "single", 1)
+    assert not lookaheads
+    run(tmp_path / "lookahead", 3)
+    assert lookaheads
+    for single, ahead in zip(metrics(tmp_path / "single"), metrics(tmp_path / "lookahead"), strict=True):
+        for key, value in single.items():  # the same rollouts; batch shapes differ, so float sums by ulps
+            if key.startswith(("reward", "completions", "num_tokens", "step")):
+                assert ahead[key] == value, key
+            elif not key.startswith(("mismatch", "is_weight")):
+                assert ahead[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+
+
 def test_grpo_is_reproducible(tmp_path):
     run_grpo(grpo_config(tmp_path / "a"))
     run_grpo(grpo_config(tmp_path / "b"))
