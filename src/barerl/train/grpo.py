@@ -167,6 +167,7 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     num_items = max(sum(tb.batch.num_loss_tokens for tb in batches), 1)
     num_sequences = sum(tb.batch.num_sequences for tb in batches)
     sums: dict[str, float] = {}
+    seen = {"engine": [], "trainer": [], "mask": []}  # log-probs of the whole step, for the mismatch stats
     loss, entropy_sum, tokens = 0.0, 0.0, 0
     for tb in batches:
         if tb.batch.num_loss_tokens == 0:
@@ -178,9 +179,8 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
             nonlocal entropy_sum
             entropy_sum += float((entropy * mask).sum())
             if measure_mismatch:
-                for key, value in logprob_mismatch(engine_logp, logp, mask).items():
-                    sums[f"mismatch/{key}"] = max(sums.get(f"mismatch/{key}", 0.0), value) if key == "max" \
-                        else sums.get(f"mismatch/{key}", 0.0) + value * float(mask.sum()) / num_items
+                for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
+                    seen[key].append(array.copy())
             return policy_loss(
                 logp, _dev(xp, tb.old_logp), xp.asarray(tb.advantages), mask, xp.asarray(tb.batch.cu_seqlens),
                 loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
@@ -198,6 +198,9 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value) * share
         tokens += tb.batch.num_tokens
+    if seen["mask"]:  # over every completion token of the step (not averaged per micro-batch)
+        step_mismatch = logprob_mismatch(*(xp.concatenate(seen[key]) for key in ("engine", "trainer", "mask")))
+        sums.update({f"mismatch/{key}": value for key, value in step_mismatch.items()})
     out = {"loss": loss, "entropy": entropy_sum / num_items, "num_tokens": tokens, **sums}
     out.update(run.optimizer_step())
     return out
