@@ -66,7 +66,7 @@ def run_barerl(args) -> dict:
     rows, reward = task_rows_and_reward(args.task)
     cfg = GRPOConfig(model=args.model, output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps,
                      save_steps=0, log_completions_steps=5, device=args.device, dtype=args.dtype,
-                     **hyperparameters(args), **dict(option.split("=", 1) for option in args.set))
+                     **hyperparameters(args), **dict(args.set))
     result = train_grpo(cfg, rows=rows, reward_funcs=[reward], show_progress=False)
     with open(run_dir(args) / "metrics.jsonl") as f:
         steps = [json.loads(line) for line in f]
@@ -178,6 +178,13 @@ def plot(args) -> None:
     fig.savefig(Path(args.out) / "reward_parity.png", dpi=120)
 
 
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,7 +202,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=None, help="completions per step (default 64)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="barerl's working weights (master weights are fp32)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another barerl option")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value,
+                   help="another barerl option")
     p.add_argument("--out", default="runs/parity")
     p = sub.add_parser("plot", help="curves with a band over seeds, final reward and wall-clock")
     p.add_argument("--out", default="runs/parity")

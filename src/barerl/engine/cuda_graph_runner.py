@@ -173,25 +173,13 @@ class CudaGraphRunner(ModelRunner):
             self.graphs[batch, num_steps] = (self.stream.end_capture(), tokens, logprobs)
 
     def _decode(self, batch: int, num_steps: int):
-        """forward_paged + sample on the static buffers' first `batch` rows, num_steps times, the inputs
-        advanced on the device in between (what the graphs hold). Returns (batch,) or (num_steps, batch)."""
-        import cupy
-
+        """decode_steps on the static buffers' first `batch` rows (what the graphs hold). Returns tokens and
+        log-probs (batch,) for one step, (num_steps, batch) for several."""
         v = self.static.views(batch)
-        tokens, logprobs = [], []
-        for step in range(num_steps):
-            if step:
-                self.model.backend.advance_decode(
-                    tokens[-1], v["input_ids"], v["positions"], v["context_lens"], v["slot_mapping"],
-                    v["counters"], v["block_tables"], self.block_size)
-            logits = self.model.forward_paged(
-                v["input_ids"], v["positions"], v["cu_seqlens_q"], v["context_lens"], v["block_tables"],
-                v["slot_mapping"], self.kv_cache, max_position=self.max_model_len - 1,
-            )
-            step_tokens, step_logprobs = self.model.backend.sample(
-                logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"], v["seeds"], v["counters"])
-            tokens.append(step_tokens)
-            logprobs.append(step_logprobs)
-        if num_steps == 1:
-            return tokens[0], logprobs[0]
-        return cupy.stack(tokens), cupy.stack(logprobs)
+
+        def sample(logits, counters):
+            return self.model.backend.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
+                                             v["seeds"], counters)
+
+        tokens, logprobs = self.decode_steps(v, num_steps, sample, max_position=self.max_model_len - 1)
+        return (tokens[0], logprobs[0]) if num_steps == 1 else (tokens, logprobs)

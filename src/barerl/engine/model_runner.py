@@ -56,7 +56,7 @@ class StepInputs:
         return len(self.input_ids) == len(self.context_lens) == len(self.sample_rows)
 
 
-# The inputs a decode step changes for the next one (backend.advance_decode's arguments).
+# The inputs a decode step changes for the next one (backend.advance_decode's arguments, in its order).
 _ADVANCED_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "counters", "block_tables")
 
 
@@ -144,20 +144,31 @@ class ModelRunner:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
         xp = self.model.xp
-        state = {name: xp.array(getattr(inputs, name)) for name in _ADVANCED_FIELDS}
+        arrays = {name: xp.array(getattr(inputs, name)) for name in (*_ADVANCED_FIELDS, "cu_seqlens_q")}
         self.copy_blocks(inputs.copy_src, inputs.copy_dst)
+        tokens, logprobs = self.decode_steps(
+            arrays, num_steps, lambda logits, counters: self._sample_rows(logits, inputs, counters))
+        return _to_host(tokens), _to_host(logprobs)
+
+    def decode_steps(self, arrays: dict, num_steps: int, sample, max_position: int | None = None):
+        """forward_paged + sample(logits, counters), num_steps times, on device `arrays` (the forward_paged
+        inputs and counters, changed in place: backend.advance_decode feeds each step's tokens to the next).
+        Returns tokens and log-probs (num_steps, S) on the device."""
         tokens, logprobs = [], []
         for step in range(num_steps):
             if step:
-                self.model.backend.advance_decode(tokens[-1], **state, block_size=self.block_size)
+                self.model.backend.advance_decode(tokens[-1], *(arrays[name] for name in _ADVANCED_FIELDS),
+                                                  self.block_size)
             logits = self.model.forward_paged(
-                state["input_ids"], state["positions"], inputs.cu_seqlens_q, state["context_lens"],
-                state["block_tables"], state["slot_mapping"], self.kv_cache,
+                arrays["input_ids"], arrays["positions"], arrays["cu_seqlens_q"], arrays["context_lens"],
+                arrays["block_tables"], arrays["slot_mapping"], self.kv_cache, max_position=max_position,
             )
-            step_tokens, step_logprobs = self._sample_rows(logits, inputs, state["counters"])
+            step_tokens, step_logprobs = sample(logits, arrays["counters"])
             tokens.append(step_tokens)
             logprobs.append(step_logprobs)
-        return _to_host(xp.stack(tokens)), _to_host(xp.stack(logprobs))
+        if num_steps == 1:  # a view: no copy kernel in a one-step graph
+            return tokens[0][None], logprobs[0][None]
+        return self.model.xp.stack(tokens), self.model.xp.stack(logprobs)
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
         if self.kv_cache is None:

@@ -180,7 +180,7 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
             entropy_sum += float((entropy * mask).sum())
             if measure_mismatch:
                 for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
-                    seen[key].append(array.copy())
+                    seen[key].append(array)
             return policy_loss(
                 logp, _dev(xp, tb.old_logp), xp.asarray(tb.advantages), mask, xp.asarray(tb.batch.cu_seqlens),
                 loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,

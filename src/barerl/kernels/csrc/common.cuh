@@ -5,6 +5,8 @@
 // store with from_float<T> (round to nearest even).
 // Vectors: VEC = elements of scalar_t in 16 bytes; load_vec/store_vec move VEC elements as one 16-byte access
 // (the pointer must be 16-byte aligned: launchers check row lengths are multiples of VEC).
+// Row vectors: for_each_row_vector(rows, cols, body) grid-strides over the VEC-wide vectors of a row-major
+// (rows, cols) array (cols % VEC == 0), calling body(row, col) with col the vector's first column.
 // Reductions: warp_sum/warp_max over the 32 lanes; block_sum/block_max over the block (blockDim.x a
 // multiple of 32, at most 1024), every thread gets the result; they use 32 floats of static shared memory.
 // NVRTC-friendly: no standard library headers.
@@ -48,6 +50,17 @@ __device__ __forceinline__ __nv_bfloat16 stochastic_round_bf16(float x, unsigned
 
 constexpr int VEC = 16 / sizeof(scalar_t);
 #define NEG_INF __int_as_float(0xff800000)
+
+template <typename Body>
+__device__ __forceinline__ void for_each_row_vector(long long rows, int cols, Body body) {
+    const int vecs_per_row = cols / VEC;
+    const long long total = rows * vecs_per_row;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / vecs_per_row;
+        body(row, (int)(i - row * vecs_per_row) * VEC);
+    }
+}
 
 // VEC elements at p (16-byte aligned) -> out[0..VEC) as fp32.
 __device__ __forceinline__ void load_vec(const scalar_t* p, float* out) {

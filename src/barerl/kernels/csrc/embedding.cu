@@ -9,29 +9,19 @@
 
 extern "C" __global__ void embedding_forward(scalar_t* __restrict__ out, const int* __restrict__ ids,
                                              const scalar_t* __restrict__ table, long long rows, int cols) {
-    const int vecs_per_row = cols / VEC;
-    const long long total = rows * vecs_per_row;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / vecs_per_row;
-        const int col = (int)(i - row * vecs_per_row) * VEC;
+    for_each_row_vector(rows, cols, [&](long long row, int col) {
         const long long src = (long long)ids[row] * cols + col;
         *reinterpret_cast<uint4*>(out + row * cols + col) = *reinterpret_cast<const uint4*>(table + src);
-    }
+    });
 }
 
 extern "C" __global__ void embedding_backward(float* __restrict__ dtable, const int* __restrict__ ids,
                                               const scalar_t* __restrict__ dx, long long rows, int cols) {
-    const int vecs_per_row = cols / VEC;
-    const long long total = rows * vecs_per_row;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / vecs_per_row;
-        const int col = (int)(i - row * vecs_per_row) * VEC;
+    for_each_row_vector(rows, cols, [&](long long row, int col) {
         float v[VEC];
         load_vec(dx + row * cols + col, v);
         float* dst = dtable + (long long)ids[row] * cols + col;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) atomicAdd(dst + k, v[k]);
-    }
+    });
 }

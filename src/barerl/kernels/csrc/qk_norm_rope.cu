@@ -55,6 +55,16 @@ __device__ __forceinline__ void store_head(scalar_t* p, const Head& h, int lane)
     *reinterpret_cast<Pack<scalar_t>*>(p + HALF + lane * PER) = hi;
 }
 
+// This lane's PER cos and sin values of position pos (tables (positions, HALF) fp32).
+__device__ __forceinline__ void load_rotation(const float* cos_table, const float* sin_table, int pos, int lane,
+                                              float* c, float* s) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        c[j] = cos_table[(long long)pos * HALF + lane * PER + j];
+        s[j] = sin_table[(long long)pos * HALF + lane * PER + j];
+    }
+}
+
 __device__ __forceinline__ float head_rstd(const Head& h, float eps) {
     float ss = 0.0f;
 #pragma unroll
@@ -73,11 +83,7 @@ extern "C" __global__ void qk_norm_rope_forward(
         const long long row = (long long)t * heads * HEAD_DIM;
         const int pos = positions[t];
         float c[PER], s[PER];
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            c[j] = cos_table[(long long)pos * HALF + lane * PER + j];
-            s[j] = sin_table[(long long)pos * HALF + lane * PER + j];
-        }
+        load_rotation(cos_table, sin_table, pos, lane, c, s);
         for (int h = 0; h < heads; ++h) {
             Head x = load_head(qkv + row + h * HEAD_DIM, lane);
             if (h < num_heads + num_kv_heads) {
@@ -124,11 +130,7 @@ extern "C" __global__ void qk_norm_rope_backward(
         const long long row = (long long)t * heads * HEAD_DIM;
         const int pos = positions[t];
         float c[PER], s[PER];
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            c[j] = cos_table[(long long)pos * HALF + lane * PER + j];
-            s[j] = sin_table[(long long)pos * HALF + lane * PER + j];
-        }
+        load_rotation(cos_table, sin_table, pos, lane, c, s);
         for (int h = 0; h < heads; ++h) {
             Head g = load_head(dout + row + h * HEAD_DIM, lane);
             if (h < num_heads + num_kv_heads) {

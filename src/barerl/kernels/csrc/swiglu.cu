@@ -11,29 +11,19 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf
 
 extern "C" __global__ void swiglu_forward(scalar_t* __restrict__ a, const scalar_t* __restrict__ gate_up,
                                           long long rows, int inter) {
-    const int vecs_per_row = inter / VEC;
-    const long long total = rows * vecs_per_row;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / vecs_per_row;
-        const int col = (int)(i - row * vecs_per_row) * VEC;
+    for_each_row_vector(rows, inter, [&](long long row, int col) {
         float g[VEC], u[VEC];
         load_vec(gate_up + row * 2 * inter + col, g);
         load_vec(gate_up + row * 2 * inter + inter + col, u);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
         store_vec(a + row * inter + col, g);
-    }
+    });
 }
 
 extern "C" __global__ void swiglu_backward(scalar_t* __restrict__ dgate_up, const scalar_t* __restrict__ da,
                                            const scalar_t* __restrict__ gate_up, long long rows, int inter) {
-    const int vecs_per_row = inter / VEC;
-    const long long total = rows * vecs_per_row;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / vecs_per_row;
-        const int col = (int)(i - row * vecs_per_row) * VEC;
+    for_each_row_vector(rows, inter, [&](long long row, int col) {
         float g[VEC], u[VEC], d[VEC];
         load_vec(gate_up + row * 2 * inter + col, g);
         load_vec(gate_up + row * 2 * inter + inter + col, u);
@@ -47,5 +37,5 @@ extern "C" __global__ void swiglu_backward(scalar_t* __restrict__ dgate_up, cons
         }
         store_vec(dgate_up + row * 2 * inter + col, g);
         store_vec(dgate_up + row * 2 * inter + inter + col, u);
-    }
+    });
 }
