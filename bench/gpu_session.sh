@@ -7,7 +7,8 @@
 # parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint), parity_demo_barerl,
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
 # (models in .parity).
-# Extra arguments: R1_ARGS (bench_grpo_step.py, e.g. "--num-scheduler-steps 8"), GEN_ARGS (bench_generate.py,
+# Extra arguments: TESTS (pytest paths for stage tests, e.g. TESTS=tests for every GPU test), R1_ARGS
+# (bench_grpo_step.py, e.g. "--num-scheduler-steps 8"), GEN_ARGS (bench_generate.py,
 # e.g. "--num-scheduler-steps 1 8 --no-peer").
 # Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
@@ -16,6 +17,7 @@ OUT=${OUT:-/tmp/barerl_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 SEEDS=${SEEDS:-0 1 2}
+TESTS=${TESTS:-tests/kernels/test_model_gpu.py tests/kernels/test_adamw.py tests/engine/test_cuda_graph_runner.py tests/train/test_loops.py}
 DEADLINE=${DEADLINE:-570}  # seconds after the start by which every stage has ended, so results get packed
 
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }
@@ -32,8 +34,8 @@ setup() {
 with_trl() { PYTHONPATH=$PYTHONPATH:/tmp/site "$@"; }
 
 stage_tests() {
-  timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu tests/kernels/test_model_gpu.py tests/kernels/test_adamw.py \
-    tests/engine/test_cuda_graph_runner.py tests/train/test_loops.py -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
+  # shellcheck disable=SC2086
+  timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
     | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 }
 stage_t1() { timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25; }

@@ -2,9 +2,8 @@
 weights, 64 sequences at a context of 640 tokens, block 16), against the whole step replayed from a CUDA
 graph and against the step's HBM floor (weights + KV read once).
 
-Each op is bracketed by CUDA events on the stream (the GPU time of its kernels, including the gaps between
-them, not the host's launch time); ops run eagerly, so the sum minus the graph replay shows what launches
-and their gaps cost inside the graph too.
+An op's cost is what the graph replay saves when that op's kernels are left out (its calls return outputs
+recorded earlier): launches and the gaps between kernels inside the graph count, and nothing of the host.
 
     PYTHONPATH=src python bench/profile_decode.py [--seqs 64] [--context 640]
 """
@@ -12,44 +11,59 @@ and their gaps cost inside the graph too.
 from __future__ import annotations
 
 import argparse
-import time
 from collections import defaultdict
 
 import numpy as np
 from bench_train_step import QWEN3_06B
 
 
-class TimedOps:
-    """The backend with every op bracketed by CUDA events; `report` sums each op's GPU time."""
+def op_label(name: str, args) -> str:
+    """Linear layers are told apart by their weight's shape (qkv, o, gate_up, down)."""
+    if name == "linear" and len(args) > 1:
+        return f"linear {args[1].shape[0]}x{args[1].shape[1]}"
+    return name
+
+
+class RecordingOps:
+    """The backend, keeping every op's output in call order, so that an op can later be left out."""
 
     def __init__(self, backend):
         self.backend = backend
-        self.events = defaultdict(list)
+        self.outputs: dict[str, list] = defaultdict(list)
 
     def __getattr__(self, name):
-        import cupy
-
         op = getattr(self.backend, name)
         if not callable(op) or name.startswith("xp"):
             return op
 
-        def timed(*args, **kwargs):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
+        def recorded(*args, **kwargs):
             out = op(*args, **kwargs)
-            end.record()
-            self.events[name].append((start, end))
+            self.outputs[op_label(name, args)].append(out)
             return out
 
-        return timed
+        return recorded
 
-    def report(self, steps: int) -> dict[str, tuple[float, int]]:
-        """op -> (GPU ms per step, calls per step)."""
-        import cupy
 
-        cupy.cuda.Device().synchronize()
-        return {name: (sum(cupy.cuda.get_elapsed_time(a, b) for a, b in pairs) / steps, len(pairs) // steps)
-                for name, pairs in self.events.items()}
+class OpsWithoutOne:
+    """The backend with one op label's kernels left out: its calls return the recorded outputs."""
+
+    def __init__(self, backend, recorded: RecordingOps, left_out: str):
+        self.backend, self.recorded, self.left_out = backend, recorded, left_out
+        self.calls = 0
+
+    def __getattr__(self, name):
+        op = getattr(self.backend, name)
+        if not callable(op) or name.startswith("xp"):
+            return op
+
+        def maybe(*args, **kwargs):
+            if op_label(name, args) != self.left_out:
+                return op(*args, **kwargs)
+            out = self.recorded.outputs[self.left_out][self.calls % len(self.recorded.outputs[self.left_out])]
+            self.calls += 1
+            return out
+
+        return maybe
 
 
 def decode_inputs(cfg, seqs: int, context: int, block_size: int, num_blocks: int):
@@ -96,46 +110,46 @@ def main() -> None:
         logits = model.forward_paged(**inputs, kv_cache=kv, max_position=args.context + 1)
         return ops.sample(logits, *sampling.values())
 
+    def graph_ms(ops) -> float:
+        """GPU ms of one step replayed from a CUDA graph (the model's ops from `ops`)."""
+        model.backend = ops
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            step(ops)
+            stream.synchronize()
+            stream.begin_capture()
+            step(ops)
+            graph = stream.end_capture()
+            graph.launch(stream)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for _ in range(args.steps):
+                graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+        model.backend = backend
+        return cupy.cuda.get_elapsed_time(start, end) / args.steps
+
     backend = model.backend
     step(backend)  # compiles
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        step(backend)
-        stream.synchronize()
-        stream.begin_capture()
-        step(backend)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        for _ in range(args.steps):
-            graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-    graph_ms = cupy.cuda.get_elapsed_time(start, end) / args.steps
-
-    timed = TimedOps(backend)
-    model.backend = timed
-    wall = time.perf_counter()
-    for _ in range(args.steps):
-        step(timed)
-    cupy.cuda.Device().synchronize()
-    eager_ms = (time.perf_counter() - wall) * 1e3 / args.steps
+    full_ms = graph_ms(backend)
+    recorded = RecordingOps(backend)
+    model.backend = recorded
+    step(recorded)
     model.backend = backend
-    per_op = timed.report(args.steps)
+    cost = {label: (full_ms - graph_ms(OpsWithoutOne(backend, recorded, label)), len(outs))
+            for label, outs in recorded.outputs.items()}
 
     weights = cfg.num_parameters() * 2
     kv_read = args.seqs * (args.context + 1) * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     floor_ms = (weights + kv_read) / 4.17e12 * 1e3  # the copy rate bench_generate measured on the H200
-    print(f"decode step, {args.seqs} seqs x {args.context} context: graph replay {graph_ms:.3f} ms, eager "
-          f"{eager_ms:.3f} ms wall, HBM floor {floor_ms:.3f} ms (weights {weights / 1e9:.2f} GB + KV "
-          f"{kv_read / 1e9:.2f} GB at 4.17 TB/s)")
-    total = sum(ms for ms, _ in per_op.values())
-    print(f"{'op':24s} {'calls':>6s} {'GPU ms':>8s} {'share':>7s}")
-    for name, (ms, calls) in sorted(per_op.items(), key=lambda kv_: -kv_[1][0]):
-        print(f"{name:24s} {calls:6d} {ms:8.3f} {100 * ms / total:6.1f}%")
-    print(f"{'sum of ops':24s} {'':6s} {total:8.3f}   (graph replay {graph_ms:.3f}: the rest is work between ops)")
+    print(f"decode step, {args.seqs} seqs x {args.context} context: graph replay {full_ms:.3f} ms, HBM floor "
+          f"{floor_ms:.3f} ms (weights {weights / 1e9:.2f} GB + KV {kv_read / 1e9:.2f} GB at 4.17 TB/s)")
+    print(f"{'op (left out of the graph)':28s} {'calls':>6s} {'ms saved':>9s} {'us/call':>8s} {'share':>7s}")
+    for label, (ms, calls) in sorted(cost.items(), key=lambda kv_: -kv_[1][0]):
+        print(f"{label:28s} {calls:6d} {ms:9.3f} {1e3 * ms / calls:8.1f} {100 * ms / full_ms:6.1f}%")
+    rest = full_ms - sum(ms for ms, _ in cost.values())
+    print(f"{'rest (indexing, copies)':28s} {'':6s} {rest:9.3f} {'':8s} {100 * rest / full_ms:6.1f}%")
 
 
 if __name__ == "__main__":

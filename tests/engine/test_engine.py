@@ -9,7 +9,7 @@ from engine_helpers import PagedMockModel, naive_generate
 
 from barerl import LLM, SamplingParams
 
-BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 16}
+BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 16, "num_scheduler_steps": 1}
 ENGINE_CONFIGS = {
     "default": {},
     "no-prefix-cache": {"enable_prefix_caching": False},

@@ -56,7 +56,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # default: as many as the memory budget holds
     enforce_eager: bool = False  # on the GPU: no CUDA graphs for decode steps
-    num_scheduler_steps: int = 1  # decode steps per schedule and runner call when all can take them (lookahead)
+    num_scheduler_steps: int = 8  # decode steps per schedule and runner call when all can take them (lookahead)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -119,5 +119,8 @@ def stochastic_round_bfloat16(x, seed: int, step: int, offset: int = 0):
     key = (u64(step) << u64(40)) + xp.arange(offset, offset + x.shape[0], dtype=u64) + u64(1)
     random16 = (splitmix64(u64(seed), key) >> u64(48)).astype(xp.uint32)
     bits = xp.ascontiguousarray(x, dtype=np.float32).view(xp.uint32)
-    rounded = ((bits + random16) >> xp.uint32(16)).astype(xp.uint16).view(BFLOAT16)
-    return xp.where((bits & xp.uint32(0x7F800000)) == xp.uint32(0x7F800000), x.astype(BFLOAT16), rounded)
+    rounded = ((bits + random16) >> xp.uint32(16)).astype(xp.uint16)
+    nearest = x.astype(BFLOAT16).view(xp.uint16)
+    # selected as bits: CuPy's where() would promote bf16 operands to fp32
+    special = (bits & xp.uint32(0x7F800000)) == xp.uint32(0x7F800000)
+    return xp.where(special, nearest, rounded).view(BFLOAT16)
