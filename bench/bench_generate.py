@@ -21,6 +21,7 @@ from bench_train_step import QWEN3_06B
 
 PROMPT_LEN = 128
 WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
+DEFAULT_LOOKAHEAD = 8  # the engine's default num_scheduler_steps (EngineConfig)
 
 
 def copy_bandwidth() -> float:
@@ -47,7 +48,8 @@ def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: f
     return (new_tokens * num_params * 2 + context_tokens * kv_per_token) / bandwidth
 
 
-def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int, num_scheduler_steps: int = 1) -> dict:
+def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
+                 num_scheduler_steps: int = DEFAULT_LOOKAHEAD) -> dict:
     import cupy
 
     from barerl.config import ModelConfig
@@ -114,7 +116,7 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="128 new tokens per sequence: a fast check")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
-    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1],
+    parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[DEFAULT_LOOKAHEAD],
                         help="barerl decode steps per graph launch (lookahead); one row per value")
     parser.add_argument("--csv", default="bench_generate.csv")
     args = parser.parse_args()
@@ -130,7 +132,7 @@ def main() -> None:
         results = []
         for steps in args.num_scheduler_steps:
             ours = bench_barerl(prompts, samples, new_tokens, steps)
-            ours["system"] = "barerl" if steps == 1 else f"barerl lookahead {steps}"
+            ours["system"] = "barerl" if steps == DEFAULT_LOOKAHEAD else f"barerl lookahead {steps}"
             print(f"{name} {ours['system']} engine stats: {ours['stats']}", flush=True)
             results.append(ours)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)

@@ -73,10 +73,8 @@ def run_barerl(args) -> dict:
     record = {"rewards": result.rewards,  # the engine/trainer mismatch, averaged over the steps (max: the max)
               "mismatch": {key: (max if key == "max" else np.mean)([r[f"mismatch/{key}"] for r in steps])
                            for key in ("max", "mean", "p99", "kl")}}
-    if resolve_device(cfg.device) == "cuda":
-        import cupy
-
-        record["peak_gib"] = cupy.get_default_memory_pool().total_bytes() / 2**30
+    if resolve_device(cfg.device) == "cuda":  # the trainer's own reading: CuPy's pool + the engine's memory
+        record["peak_gib"] = max(r["memory/gpu_gib"] for r in steps)
     return record
 
 

@@ -2,7 +2,8 @@
 
 The engine runs a tiny Qwen3 on the GPU twice, with enforce_eager (ModelRunner) and without (the graph
 runner); batches of 1..7 sequences land in padded buckets (1, 2, 4, 8), samples share prompt
-blocks (copy-on-write), and the engine sleeps and wakes in between (the graphs are captured again). With
+blocks (copy-on-write), and the engine sleeps and wakes in between (the cache returns at its address and the
+graphs are kept). With
 lookahead (num_scheduler_steps=4) a graph holds four decode steps: the tokens must still be the eager
 single steps' tokens.
 """
@@ -51,8 +52,12 @@ def test_graph_decode_matches_eager(tiny_hf_model, tmp_path, steps):
                 assert llm.runner.graphs and {b for b, _ in llm.runner.graphs} <= {1, 2, 4, 8}
                 assert {k for _, k in llm.runner.graphs} <= {1, num_steps}
                 assert num_steps == 1 or any(k == num_steps for _, k in llm.runner.graphs)
-            llm.sleep()  # drops the graphs; the next decode step captures them again on the new cache
+            captured = dict(llm.runner.graphs) if graphs else {}
+            llm.sleep()  # the cache's memory goes back to the driver, its address stays reserved
             llm.wake()
+            if graphs:  # the cache is back at its address: the graphs are kept, nothing is captured again
+                assert llm.runner._kv_memory is not None, "no fixed-address KV cache on this driver"
+                assert llm.runner.graphs == captured
         return results
 
     eager, graphed = generate(False, 1), generate(True, steps)

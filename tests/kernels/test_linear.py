@@ -11,8 +11,11 @@ from barerl.backend import ref
 pytestmark = pytest.mark.gpu
 
 
+SPLIT_K_SHAPES = [(64, 2048, 1000), (256, 1536, 576)]  # decode-sized rows, K >= 2N: kernels/linear.split_k_parts
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 64, 32), (77, 200, 136), (512, 1024, 3072)])
+@pytest.mark.parametrize("shape", [(1, 64, 32), (77, 200, 136), (512, 1024, 3072), *SPLIT_K_SHAPES])
 @pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both"])
 def test_linear(draw, dtype, shape, epilogue):
     from barerl.backend import cuda
@@ -27,6 +30,13 @@ def test_linear(draw, dtype, shape, epilogue):
     )
     assert out.dtype == dtype
     assert_close("y", out, want, dtype)
+
+
+def test_split_k_is_taken_by_decode_shapes_only():
+    from barerl.kernels.linear import split_k_parts
+
+    assert [split_k_parts(*shape) for shape in SPLIT_K_SHAPES] == [4, 3]
+    assert split_k_parts(64, 1024, 4096) == split_k_parts(8192, 3072, 1024) == split_k_parts(64, 200, 64) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

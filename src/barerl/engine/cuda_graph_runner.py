@@ -14,11 +14,13 @@ forward + sample + `advance_decode` rounds: one launch and one host sync per K t
   shapes alone and one graph serves every context length.
 - Capture allocates from a private memory pool: the temporaries a graph reuses on every replay can never be
   handed to arrays outside the graphs. Graphs of different buckets share that pool (never run together).
-  Graphs are captured lazily: an engine that sleeps between generations (GRPO) recaptures only the
-  buckets it uses.
+  Graphs are captured lazily, when a step first needs them.
 - Rope tables are built for max_model_len before capture (`forward_paged(max_position=...)` then never syncs
-  or reallocates them). The weights are read in place: optimizer updates reach the next replay. Releasing the
-  KV cache (sleep) drops the graphs and their pool; the next decode step after wake captures again.
+  or reallocates them). The weights are read in place: optimizer updates reach the next replay.
+- The KV cache lives at a fixed virtual address (engine/device_memory.py): sleep hands its memory back to the
+  driver, wake maps new memory there (zeroed), and the graphs stay valid, so a GRPO round captures nothing.
+  Where the driver cannot reserve addresses, sleep drops the graphs and their pool instead and the first
+  decode step after wake captures again.
 - Everything runs on one non-blocking stream, synchronised with the host at the end of each step by the
   copy of the sampled tokens (as the eager path is by its own copy).
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from barerl.engine.device_memory import RemappableBuffer
 from barerl.engine.model_runner import ModelRunner, StepInputs
 
 _INT_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "top_k")
@@ -109,6 +112,9 @@ class CudaGraphRunner(ModelRunner):
     def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int):
         import cupy
 
+        # before the base class allocates the cache: its fixed address (None: a plain allocation)
+        cache_bytes = int(np.prod(model.kv_cache_shape(num_blocks, block_size))) * model.dtype.itemsize
+        self._kv_memory = RemappableBuffer.create(cache_bytes)
         super().__init__(model, num_blocks, block_size)
         self.buckets = batch_buckets(max_num_seqs)
         self.max_model_len = max_model_len
@@ -116,15 +122,31 @@ class CudaGraphRunner(ModelRunner):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch, steps) -> (graph, tokens, logprobs)
         self._pool = None
-        self._captured_cache = None
+        self._captured_cache_ptr = None
         model._ensure_rope(max_model_len)  # before capture, with the default allocator: graphs read these
 
+    def allocate_kv_cache(self) -> None:
+        if self._kv_memory is None or self.kv_cache is not None:
+            return super().allocate_kv_cache()
+        self._kv_memory.map()
+        self.kv_cache = self._kv_memory.array(self.model.kv_cache_shape(self.num_blocks, self.block_size),
+                                              self.model.dtype)
+        self.kv_cache.fill(0)  # as a plain allocation's: padding rows of a graph read block 0
+
     def free_kv_cache(self) -> None:
-        self._drop_graphs()
-        super().free_kv_cache()
+        if self._kv_memory is None:
+            self._drop_graphs()
+            return super().free_kv_cache()
+        self.kv_cache = None
+        self._kv_memory.release()
+
+    def bytes_outside_default_pool(self) -> int:
+        """The mapped fixed-address KV cache and the graphs' private pool."""
+        mapped = self._kv_memory.nbytes if self._kv_memory is not None and self._kv_memory.mapped else 0
+        return mapped + (self._pool.total_bytes() if self._pool is not None else 0)
 
     def _drop_graphs(self) -> None:
-        self.graphs, self._captured_cache = {}, None
+        self.graphs, self._captured_cache_ptr = {}, None
         if self._pool is not None:
             self._pool.free_all_blocks()
             self._pool = None
@@ -143,9 +165,9 @@ class CudaGraphRunner(ModelRunner):
 
     def _replay(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and log-probs (n,) of one step, or (num_steps, n) of several, from the bucket's graph."""
-        if self._captured_cache is not self.kv_cache:  # a new cache (wake): graphs of the old one are stale
+        if self._captured_cache_ptr != self.kv_cache.data.ptr:  # a cache elsewhere: graphs of the old are stale
             self._drop_graphs()
-            self._captured_cache = self.kv_cache
+            self._captured_cache_ptr = self.kv_cache.data.ptr
         n = len(inputs.input_ids)
         batch = next(b for b in self.buckets if b >= n)
         if (batch, num_steps) not in self.graphs:

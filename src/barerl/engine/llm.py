@@ -349,6 +349,12 @@ class LLM:
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()
 
+    def device_memory_bytes(self) -> int:
+        """Device memory held now by everything on CuPy's default pool (weights, optimizer state, activations
+        and the pool's cached free blocks) plus what the engine holds outside it; 0 on the CPU."""
+        pool = getattr(self.model.xp, "get_default_memory_pool", None)
+        return 0 if pool is None else pool().total_bytes() + self.runner.bytes_outside_default_pool()
+
 
 # ------------------------------------------------------------------------------------------------ helpers
 

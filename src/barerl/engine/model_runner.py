@@ -127,6 +127,9 @@ class ModelRunner:
         if self.kv_cache is None:
             self.kv_cache = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
 
+    def bytes_outside_default_pool(self) -> int:
+        return 0
+
     def free_kv_cache(self) -> None:
         self.kv_cache = None
         free_pool = getattr(self.model.xp, "get_default_memory_pool", None)

@@ -2,7 +2,9 @@
 
 The bias/residual epilogue: `out` is prefilled with bias + residual by one small kernel (csrc/linear.cu), then
 the GEMM adds x @ w.T with beta = 1, so the result is rounded to the output dtype once more than the
-reference (which sums in fp32): well inside bf16 tolerance. Weight gradients accumulate with beta = 1 into
+reference (which sums in fp32): well inside bf16 tolerance. Decode-sized GEMMs with a long K (see
+`split_k_parts`) run split-K instead: S fp32 parts from one batched GEMM, summed with bias + residual by one
+kernel and rounded once. Weight gradients accumulate with beta = 1 into
 `dw` in its own dtype (fp32 grads: no rounding of the sum); the bias gradient is a GEMM with a ones vector.
 """
 
@@ -11,14 +13,24 @@ from __future__ import annotations
 import numpy as np
 
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.cublas import gemm
+from barerl.kernels.cublas import gemm, gemm_split_k
 from barerl.kernels.launch import num_blocks, ptr
 
 _ones: dict[tuple, object] = {}
+_SPLIT_K_MAX_ROWS = 256
+_SPLIT_K_CHUNK = 512  # K per part: the fp32 parts (S x rows x N) stay small and in L2
 
 
 def _cast(x, dtype):
     return x if x is None or x.dtype == dtype else x.astype(dtype)
+
+
+def split_k_parts(rows: int, k: int, n: int) -> int:
+    """How many K parts a GEMM of `rows` rows is cut into: decode-sized row counts with a K much longer than N
+    (o_proj, down_proj) leave cuBLAS too few CTAs to stream the weight at full bandwidth; 1 = no split."""
+    if rows > _SPLIT_K_MAX_ROWS or k < 2 * n or k % _SPLIT_K_CHUNK:
+        return 1
+    return k // _SPLIT_K_CHUNK
 
 
 def linear(x, w, bias=None, residual=None):
@@ -27,16 +39,20 @@ def linear(x, w, bias=None, residual=None):
 
     w, bias, residual = _cast(w, x.dtype), _cast(bias, x.dtype), _cast(residual, x.dtype)
     out = cupy.empty((x.shape[0], w.shape[0]), x.dtype)
-    if bias is None and residual is None:
-        return gemm(x, w, out, transb=True)
     if residual is not None:
         residual = cupy.ascontiguousarray(residual)
+    rows_cols = (np.int64(out.shape[0]), np.int32(out.shape[1]))
+    parts = split_k_parts(x.shape[0], x.shape[1], w.shape[0])
+    if parts > 1:
+        partials = gemm_split_k(x, w, cupy.empty((parts, *out.shape), np.float32))
+        kernel = load_kernel("linear.cu", "split_k_sum", {"DTYPE": ctype(x.dtype)})
+        kernel((num_blocks(out.size, 256),), (256,), (out, partials, ptr(bias), ptr(residual), np.int32(parts),
+                                                       *rows_cols))
+        return out
+    if bias is None and residual is None:
+        return gemm(x, w, out, transb=True)
     kernel = load_kernel("linear.cu", "bias_residual_fill", {"DTYPE": ctype(x.dtype)})
-    kernel(
-        (num_blocks(out.size, 256),),
-        (256,),
-        (out, ptr(bias), ptr(residual), np.int64(out.shape[0]), np.int32(out.shape[1])),
-    )
+    kernel((num_blocks(out.size, 256),), (256,), (out, ptr(bias), ptr(residual), *rows_cols))
     return gemm(x, w, out, transb=True, beta=1.0)
 
 

@@ -29,7 +29,8 @@ def _setup(qkv, num_heads, num_kv_heads, cos, kernel_name):
         cos.shape[-1] == head_dim // 2, f"qk_norm_rope: cos/sin last axis {cos.shape[-1]} != {head_dim // 2}"
     )
     kernel = load_kernel("qk_norm_rope.cu", kernel_name, {"DTYPE": ctype(qkv.dtype), "HEAD_DIM": head_dim})
-    grid = max(1, min(-(-qkv.shape[0] // _WARPS), multiprocessors() * 16))
+    warp_items = qkv.shape[0] * (heads if kernel_name == "qk_norm_rope_forward" else 1)  # see the .cu Launch
+    grid = max(1, min(-(-warp_items // _WARPS), multiprocessors() * 16))
     return kernel, (grid,), (32 * _WARPS,)
 
 

@@ -109,11 +109,13 @@ class Model:
         c = self.cfg
         return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int):
-        """(2, L, num_blocks, block_size, K, D) in the model dtype on the model's device."""
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """(2, L, num_blocks, block_size, K, D): keys and values of every layer, in the model dtype."""
         c = self.cfg
-        shape = (2, c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        return self.xp.zeros(shape, dtype=self.dtype)
+        return (2, c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int):
+        return self.xp.zeros(self.kv_cache_shape(num_blocks, block_size), dtype=self.dtype)
 
     def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache,
                       max_position: int | None = None):

@@ -88,10 +88,13 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
             if cfg.dynamic_sampling:
                 rollouts, rollout_metrics["dynamic_sampling/rounds"] = _informative_batch(rollouts, sample, cfg,
                                                                                           num_prompts)
+            generate_memory = llm.device_memory_bytes()
             if model.device == "cuda":
                 llm.sleep()  # the KV cache's memory goes to training activations
             for metrics in _train_on(run, model, ref_model, rollouts, rollout_metrics, cfg, updates_per_generation,
                                      total):
+                if model.device == "cuda":  # what the device holds at the end of generating and of training
+                    metrics["memory/gpu_gib"] = max(generate_memory, llm.device_memory_bytes()) / 2**30
                 step_rewards.append(metrics["reward"])
                 if run.step % cfg.logging_steps == 0 or run.step == total:
                     logger.log(run.step, metrics)

@@ -19,8 +19,8 @@
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each
-//          in flight, and keep an online softmax of their own (running max, sum, fp32 P @ V in registers),
-//          with no barrier inside the loop; the groups merge through shared memory at the end.
+//          in flight while the previous UNROLL are used, and keep an online softmax of their own (running
+//          max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
 #include "common.cuh"
 
@@ -64,6 +64,23 @@ __device__ __forceinline__ long long row_offset(const int* table, int j, int blo
     return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
 }
 
+// This thread's slices of the K and V rows of the UNROLL tokens base + u NTG + tg (u < UNROLL); zeros past end
+// (p = 0 must meet finite values).
+__device__ __forceinline__ void load_round(uint4* k_raw, uint4* v_raw, const scalar_t* __restrict__ k_cache,
+                                           const scalar_t* __restrict__ v_cache, const int* table, int base,
+                                           int end, int tg, int block_size, int num_kv_heads, int kvh, int lane) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int j = base + u * NTG + tg;
+        k_raw[u] = v_raw[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (j < end) {
+            const long long row = row_offset(table, j, block_size, num_kv_heads, kvh, lane);
+            k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + row);
+            v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + row);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
@@ -97,21 +114,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         l[g] = 0.0f;
     }
 
-    // Each token group walks its own tokens with its own running max m and sum l (online softmax);
-    // the K and V rows of UNROLL tokens are all requested before the first is used. The loop bounds are the
-    // same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
+    // Each token group walks its own tokens with its own running max m and sum l (online softmax). The K and V
+    // rows of the next UNROLL tokens are requested before the current ones are used (a register double
+    // buffer), so their latency hides behind this round's math. The loop bounds are the same for the whole CTA
+    // (warps hold several token groups and shuffle with all 32 lanes).
+    uint4 k_raw[UNROLL], v_raw[UNROLL];
+    load_round(k_raw, v_raw, k_cache, v_cache, table, start, end, tg, block_size, num_kv_heads, kvh, lane);
     for (int base = start; base < end; base += NTG * UNROLL) {
-        uint4 k_raw[UNROLL], v_raw[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int j = base + u * NTG + tg;
-            k_raw[u] = v_raw[u] = make_uint4(0u, 0u, 0u, 0u);  // zeros: p = 0 must meet finite values
-            if (j < end) {
-                const long long row = row_offset(table, j, block_size, num_kv_heads, kvh, lane);
-                k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + row);
-                v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + row);
-            }
-        }
+        uint4 k_next[UNROLL], v_next[UNROLL];
+        load_round(k_next, v_next, k_cache, v_cache, table, base + NTG * UNROLL, end, tg, block_size,
+                   num_kv_heads, kvh, lane);
         float score[UNROLL][GROUP];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -150,6 +162,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
             }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            k_raw[u] = k_next[u];
+            v_raw[u] = v_next[u];
         }
     }
 

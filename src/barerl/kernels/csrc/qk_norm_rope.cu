@@ -8,7 +8,8 @@
 // Shapes:  qkv, out, dout, dqkv (T, (H + 2K) * D) DTYPE, rows contiguous; positions (T,) int32;
 //          cos, sin (P, HALF) fp32; q_norm, k_norm (D,) DTYPE or both null; q_rstd (T, H), k_rstd (T, K) fp32
 //          (unused without norm); dq_norm, dk_norm (D,) fp32, accumulated (the caller zeroes them).
-// Launch:  one warp per token (grid-stride), 4 warps per block; compiled per HEAD_DIM (a multiple of 64):
+// Launch:  forward: one warp per (token, head) (grid-stride: a decode step's few tokens still fill the GPU);
+//          backward: one warp per token; 4 warps per block; compiled per HEAD_DIM (a multiple of 64):
 //          lane l holds elements l PER + j and HALF + l PER + j (j < PER = D / 64), so each rotation pair
 //          is in one lane and each half moves as one PER-element access per lane.
 //          Backward sums dq_norm/dk_norm per lane in registers, then per block in shared memory, then one
@@ -79,37 +80,36 @@ extern "C" __global__ void qk_norm_rope_forward(
     int tokens, int num_heads, int num_kv_heads, float eps) {
     const int lane = threadIdx.x & 31;
     const int heads = num_heads + 2 * num_kv_heads;
-    for (int t = blockIdx.x * WARPS + (threadIdx.x >> 5); t < tokens; t += gridDim.x * WARPS) {
-        const long long row = (long long)t * heads * HEAD_DIM;
-        const int pos = positions[t];
-        float c[PER], s[PER];
-        load_rotation(cos_table, sin_table, pos, lane, c, s);
-        for (int h = 0; h < heads; ++h) {
-            Head x = load_head(qkv + row + h * HEAD_DIM, lane);
-            if (h < num_heads + num_kv_heads) {
-                const bool is_q = h < num_heads;
-                const scalar_t* w = is_q ? q_norm : k_norm;
-                if (w != nullptr) {
-                    const float r = head_rstd(x, eps);
-                    if (lane == 0) {
-                        if (is_q) q_rstd[(long long)t * num_heads + h] = r;
-                        else k_rstd[(long long)t * num_kv_heads + h - num_heads] = r;
-                    }
-#pragma unroll
-                    for (int j = 0; j < PER; ++j) {
-                        x.lo[j] *= r * to_float(w[lane * PER + j]);
-                        x.hi[j] *= r * to_float(w[HALF + lane * PER + j]);
-                    }
+    const long long items = (long long)tokens * heads;
+    for (long long item = blockIdx.x * WARPS + (threadIdx.x >> 5); item < items; item += gridDim.x * WARPS) {
+        const int t = (int)(item / heads), h = (int)(item % heads);
+        const long long offset = item * HEAD_DIM;  // row t, head h
+        Head x = load_head(qkv + offset, lane);
+        if (h < num_heads + num_kv_heads) {
+            const bool is_q = h < num_heads;
+            const scalar_t* w = is_q ? q_norm : k_norm;
+            if (w != nullptr) {
+                const float r = head_rstd(x, eps);
+                if (lane == 0) {
+                    if (is_q) q_rstd[(long long)t * num_heads + h] = r;
+                    else k_rstd[(long long)t * num_kv_heads + h - num_heads] = r;
                 }
 #pragma unroll
                 for (int j = 0; j < PER; ++j) {
-                    const float lo = x.lo[j], hi = x.hi[j];
-                    x.lo[j] = lo * c[j] - hi * s[j];
-                    x.hi[j] = hi * c[j] + lo * s[j];
+                    x.lo[j] *= r * to_float(w[lane * PER + j]);
+                    x.hi[j] *= r * to_float(w[HALF + lane * PER + j]);
                 }
             }
-            store_head(out + row + h * HEAD_DIM, x, lane);
+            float c[PER], s[PER];
+            load_rotation(cos_table, sin_table, positions[t], lane, c, s);
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const float lo = x.lo[j], hi = x.hi[j];
+                x.lo[j] = lo * c[j] - hi * s[j];
+                x.hi[j] = hi * c[j] + lo * s[j];
+            }
         }
+        store_head(out + offset, x, lane);
     }
 }
 
