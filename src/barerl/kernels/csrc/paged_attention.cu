@@ -21,8 +21,9 @@
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each
 //          in flight while the previous UNROLL are used, and keep an online softmax of their own (running
 //          max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups merge through shared memory at the end.
-// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
-#include "common.cuh"
+// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
+//          ASYNC_STAGES (default 0) and ROUND_TOKENS (default 4): how K/V loads run ahead, see the main loop.
+#include "mma.cuh"
 
 #ifndef Q_T
 #define Q_T DTYPE
@@ -33,11 +34,17 @@
 #ifndef GROUP
 #define GROUP 2
 #endif
+#ifndef ASYNC_STAGES
+#define ASYNC_STAGES 0
+#endif
+#ifndef ROUND_TOKENS
+#define ROUND_TOKENS 4
+#endif
 
 constexpr int THREADS = 128;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
-constexpr int UNROLL = 4;            // 16-byte loads in flight per thread
+constexpr int UNROLL = ROUND_TOKENS;  // tokens per token group and round (16-byte K and V loads per thread)
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
 
@@ -81,6 +88,52 @@ __device__ __forceinline__ void load_round(uint4* k_raw, uint4* v_raw, const sca
     }
 }
 
+// One round of a token group's online softmax: the UNROLL tokens base + u NTG + tg (their K and V slices in
+// k_raw, v_raw; tokens at or past `end` count as absent) update the running max m, sum l and P @ V acc.
+__device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const uint4 (&v_raw)[UNROLL], int base,
+                                             int end, int tg, const float (&qf)[GROUP][VEC],
+                                             float (&acc)[GROUP][VEC], float (&m)[GROUP], float (&l)[GROUP]) {
+    float score[UNROLL][GROUP];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float kf[VEC];
+        vec_to_float(k_raw[u], kf);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
+#pragma unroll
+            for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            score[u][g] = base + u * NTG + tg < end ? dot : NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        float m_new = m[g];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, score[u][g]);
+        if (m_new == NEG_INF) continue;  // no token of this group in this round (the tail)
+        const float alpha = exp2f(m[g] - m_new);  // 0 on the group's first token: m = -inf
+        l[g] *= alpha;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[g][e] *= alpha;
+        m[g] = m_new;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float vf[VEC];
+        vec_to_float(v_raw[u], vf);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float p = score[u][g] == NEG_INF ? 0.0f : exp2f(score[u][g] - m[g]);
+            l[g] += p;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
@@ -114,61 +167,55 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         l[g] = 0.0f;
     }
 
-    // Each token group walks its own tokens with its own running max m and sum l (online softmax). The K and V
-    // rows of the next UNROLL tokens are requested before the current ones are used (a register double
-    // buffer), so their latency hides behind this round's math. The loop bounds are the same for the whole CTA
-    // (warps hold several token groups and shuffle with all 32 lanes).
+    // Each token group walks its own tokens with its own running max m and sum l (online softmax); the loop
+    // bounds are the same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
+    // The K and V rows of later rounds are requested before the current round is used, so their latency hides
+    // behind its math: ASYNC_STAGES > 0 keeps that many rounds in a shared-memory ring filled by cp.async
+    // (each thread reads back only the slices it copied itself: no barrier), 0 one round ahead in registers.
+    constexpr int ROUND = NTG * UNROLL;
+#if ASYNC_STAGES > 0
+    __shared__ uint4 ring_k[ASYNC_STAGES][UNROLL][THREADS], ring_v[ASYNC_STAGES][UNROLL][THREADS];
+    auto request = [&](int base, int slot) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int j = base + u * NTG + tg;
+            const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
+            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
+            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < ASYNC_STAGES - 1; ++i) request(start + i * ROUND, i);
+    int slot = 0;
+    for (int base = start; base < end; base += ROUND) {
+        request(base + (ASYNC_STAGES - 1) * ROUND, (slot + ASYNC_STAGES - 1) % ASYNC_STAGES);
+        cp_async_wait<ASYNC_STAGES - 1>();
+        uint4 k_raw[UNROLL], v_raw[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            k_raw[u] = ring_k[slot][u][threadIdx.x];
+            v_raw[u] = ring_v[slot][u][threadIdx.x];
+        }
+        attend_round(k_raw, v_raw, base, end, tg, qf, acc, m, l);
+        slot = (slot + 1) % ASYNC_STAGES;
+    }
+    cp_async_wait<0>();  // the requests past end (zero fills) land before the CTA exits
+#else
     uint4 k_raw[UNROLL], v_raw[UNROLL];
     load_round(k_raw, v_raw, k_cache, v_cache, table, start, end, tg, block_size, num_kv_heads, kvh, lane);
-    for (int base = start; base < end; base += NTG * UNROLL) {
+    for (int base = start; base < end; base += ROUND) {
         uint4 k_next[UNROLL], v_next[UNROLL];
-        load_round(k_next, v_next, k_cache, v_cache, table, base + NTG * UNROLL, end, tg, block_size,
-                   num_kv_heads, kvh, lane);
-        float score[UNROLL][GROUP];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float kf[VEC];
-            vec_to_float(k_raw[u], kf);
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
-#pragma unroll
-                for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                score[u][g] = base + u * NTG + tg < end ? dot : NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            float m_new = m[g];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, score[u][g]);
-            if (m_new == NEG_INF) continue;  // no token of this group in this round (the tail)
-            const float alpha = exp2f(m[g] - m_new);  // 0 on the group's first token: m = -inf
-            l[g] *= alpha;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[g][e] *= alpha;
-            m[g] = m_new;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float vf[VEC];
-            vec_to_float(v_raw[u], vf);
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                const float p = score[u][g] == NEG_INF ? 0.0f : exp2f(score[u][g] - m[g]);
-                l[g] += p;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
-            }
-        }
+        load_round(k_next, v_next, k_cache, v_cache, table, base + ROUND, end, tg, block_size, num_kv_heads, kvh,
+                   lane);
+        attend_round(k_raw, v_raw, base, end, tg, qf, acc, m, l);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             k_raw[u] = k_next[u];
             v_raw[u] = v_next[u];
         }
     }
+#endif
 
     // Merge the token groups: rescale each to the CTA-wide max, sum, and write o (or this split's part).
     if (lane == 0) {
