@@ -123,25 +123,13 @@ def main() -> None:
         case, nbytes = attention_case(rng, contexts, np.ones(len(contexts), np.int64))
         splits = num_splits(len(contexts), K, case[3].shape[1] * BLOCK)
         rows.append((name, gpu_ms(cuda.paged_attention, case), nbytes, f"{splits} splits"))
-    for ctas_per_sm in (4, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
+    for ctas_per_sm in (8, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
         default, paged_attention._CTAS_PER_SM = paged_attention._CTAS_PER_SM, ctas_per_sm
         for name in ("decode G1: 64 seqs x 640 ctx", "decode 1 seq x 32k ctx"):
             case, nbytes = attention_case(rng, decode_cases[name], np.ones(len(decode_cases[name]), np.int64))
             rows.append((f"{name}, {ctas_per_sm} CTAs/SM", gpu_ms(cuda.paged_attention, case), nbytes,
                          f"{num_splits(len(decode_cases[name]), K, case[3].shape[1] * BLOCK)} splits"))
         paged_attention._CTAS_PER_SM = default
-    for stages, round_tokens in ((2, 4), (3, 2), (4, 2), (6, 1)):  # how K/V loads run ahead (see the .cu)
-        default = paged_attention._ASYNC_STAGES, paged_attention._ROUND_TOKENS
-        paged_attention._ASYNC_STAGES, paged_attention._ROUND_TOKENS = stages, round_tokens
-        for name in ("decode G1: 64 seqs x 640 ctx", "decode G2: 256 seqs x 384 ctx", "decode 1 seq x 32k ctx"):
-            case, nbytes = attention_case(rng, decode_cases[name], np.ones(len(decode_cases[name]), np.int64))
-            try:
-                ms = gpu_ms(cuda.paged_attention, case)
-            except Exception as e:  # noqa: BLE001 - a variant over the shared-memory limit: report, go on
-                print(f"{name}, cp.async {stages} x {round_tokens}: {type(e).__name__}: {e}")
-                continue
-            rows.append((f"{name}, cp.async ring {stages} x {round_tokens} tokens", ms, nbytes, ""))
-        paged_attention._ASYNC_STAGES, paged_attention._ROUND_TOKENS = default
     case, nbytes = attention_case(rng, np.full(64, 128), np.full(64, 128))
     rows.append(("prefill 64 seqs x 128 tokens (no prefix)", gpu_ms(cuda.paged_attention, case), nbytes,
                  "K/V re-read per query"))

@@ -103,16 +103,3 @@ def test_q_view_of_fused_qkv(draw, prefill):
     assert not view.flags.c_contiguous
     run_and_compare(view, k_cache, v_cache, tables, contexts, cu, BF16)
 
-
-@pytest.mark.parametrize("stages,round_tokens", [(2, 4), (3, 2), (4, 2), (6, 1)])
-@pytest.mark.parametrize("dtype,head_dim,group", [(BF16, 128, 2), (FP32, 64, 4), (BF16, 64, 1)])
-@pytest.mark.parametrize("prefill", [False, True])
-def test_cp_async_ring(draw, monkeypatch, stages, round_tokens, dtype, head_dim, group, prefill):
-    """The K/V loads through a cp.async shared-memory ring give the same attention (split and unsplit)."""
-    from barerl.kernels import paged_attention
-
-    monkeypatch.setattr(paged_attention, "_ASYNC_STAGES", stages)
-    monkeypatch.setattr(paged_attention, "_ROUND_TOKENS", round_tokens)
-    for num_seqs, max_context in ((3, 1500), (70, 300)):
-        batch = make_batch(draw, dtype, num_seqs, 2 * group, 2, head_dim, max_context, prefill)
-        run_and_compare(*batch, dtype)

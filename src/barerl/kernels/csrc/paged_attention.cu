@@ -18,11 +18,10 @@
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
-//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) each
-//          in flight while the previous UNROLL are used, and keep an online softmax of their own (running
+//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
+//          round, the next round in flight (cp.async) while one is used, and keep an online softmax of their own (running
 //          max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups merge through shared memory at the end.
-// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
-//          ASYNC_STAGES (default 0) and ROUND_TOKENS (default 4): how K/V loads run ahead, see the main loop.
+// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
 #include "mma.cuh"
 
 #ifndef Q_T
@@ -34,17 +33,12 @@
 #ifndef GROUP
 #define GROUP 2
 #endif
-#ifndef ASYNC_STAGES
-#define ASYNC_STAGES 0
-#endif
-#ifndef ROUND_TOKENS
-#define ROUND_TOKENS 4
-#endif
 
 constexpr int THREADS = 128;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
-constexpr int UNROLL = ROUND_TOKENS;  // tokens per token group and round (16-byte K and V loads per thread)
+constexpr int UNROLL = 4;            // tokens per token group and round (16-byte K and V loads per thread)
+constexpr int STAGES = 2;            // rounds in the cp.async shared-memory ring
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
 
@@ -69,23 +63,6 @@ __device__ __forceinline__ long long row_offset(const int* table, int j, int blo
                                                 int kvh, int lane) {
     const long long phys = table[j / block_size];
     return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
-}
-
-// This thread's slices of the K and V rows of the UNROLL tokens base + u NTG + tg (u < UNROLL); zeros past end
-// (p = 0 must meet finite values).
-__device__ __forceinline__ void load_round(uint4* k_raw, uint4* v_raw, const scalar_t* __restrict__ k_cache,
-                                           const scalar_t* __restrict__ v_cache, const int* table, int base,
-                                           int end, int tg, int block_size, int num_kv_heads, int kvh, int lane) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-        const int j = base + u * NTG + tg;
-        k_raw[u] = v_raw[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (j < end) {
-            const long long row = row_offset(table, j, block_size, num_kv_heads, kvh, lane);
-            k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + row);
-            v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + row);
-        }
-    }
 }
 
 // One round of a token group's online softmax: the UNROLL tokens base + u NTG + tg (their K and V slices in
@@ -169,12 +146,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
 
     // Each token group walks its own tokens with its own running max m and sum l (online softmax); the loop
     // bounds are the same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
-    // The K and V rows of later rounds are requested before the current round is used, so their latency hides
-    // behind its math: ASYNC_STAGES > 0 keeps that many rounds in a shared-memory ring filled by cp.async
-    // (each thread reads back only the slices it copied itself: no barrier), 0 one round ahead in registers.
+    // The K and V rows of the next round are requested (cp.async into a shared-memory ring of STAGES rounds)
+    // before the current round is used, so their latency hides behind its math. Each thread reads back only the
+    // slices it copied itself: no barrier. (Measured on the H200 against loads one round ahead in registers:
+    // 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
-#if ASYNC_STAGES > 0
-    __shared__ uint4 ring_k[ASYNC_STAGES][UNROLL][THREADS], ring_v[ASYNC_STAGES][UNROLL][THREADS];
+    __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
     auto request = [&](int base, int slot) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -186,11 +163,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         cp_async_commit();
     };
 #pragma unroll
-    for (int i = 0; i < ASYNC_STAGES - 1; ++i) request(start + i * ROUND, i);
+    for (int i = 0; i < STAGES - 1; ++i) request(start + i * ROUND, i);
     int slot = 0;
     for (int base = start; base < end; base += ROUND) {
-        request(base + (ASYNC_STAGES - 1) * ROUND, (slot + ASYNC_STAGES - 1) % ASYNC_STAGES);
-        cp_async_wait<ASYNC_STAGES - 1>();
+        request(base + (STAGES - 1) * ROUND, (slot + STAGES - 1) % STAGES);
+        cp_async_wait<STAGES - 1>();
         uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -198,24 +175,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
             v_raw[u] = ring_v[slot][u][threadIdx.x];
         }
         attend_round(k_raw, v_raw, base, end, tg, qf, acc, m, l);
-        slot = (slot + 1) % ASYNC_STAGES;
+        slot = (slot + 1) % STAGES;
     }
     cp_async_wait<0>();  // the requests past end (zero fills) land before the CTA exits
-#else
-    uint4 k_raw[UNROLL], v_raw[UNROLL];
-    load_round(k_raw, v_raw, k_cache, v_cache, table, start, end, tg, block_size, num_kv_heads, kvh, lane);
-    for (int base = start; base < end; base += ROUND) {
-        uint4 k_next[UNROLL], v_next[UNROLL];
-        load_round(k_next, v_next, k_cache, v_cache, table, base + ROUND, end, tg, block_size, num_kv_heads, kvh,
-                   lane);
-        attend_round(k_raw, v_raw, base, end, tg, qf, acc, m, l);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            k_raw[u] = k_next[u];
-            v_raw[u] = v_next[u];
-        }
-    }
-#endif
 
     // Merge the token groups: rescale each to the CTA-wide max, sum, and write o (or this split's part).
     if (lane == 0) {
