@@ -11,7 +11,7 @@ from barerl.backend import ref
 pytestmark = pytest.mark.gpu
 
 
-SPLIT_K_SHAPES = [(64, 2048, 1000), (256, 1536, 576)]  # decode-sized rows, K >= 2N: kernels/linear.split_k_parts
+SPLIT_K_SHAPES = [(64, 2048, 1000), (256, 1536, 576)]  # split-K shapes (test_launch_rules.py checks they are)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -30,13 +30,6 @@ def test_linear(draw, dtype, shape, epilogue):
     )
     assert out.dtype == dtype
     assert_close("y", out, want, dtype)
-
-
-def test_split_k_is_taken_by_decode_shapes_only():
-    from barerl.kernels.linear import split_k_parts
-
-    assert [split_k_parts(*shape) for shape in SPLIT_K_SHAPES] == [4, 3]
-    assert split_k_parts(64, 1024, 4096) == split_k_parts(8192, 3072, 1024) == split_k_parts(64, 200, 64) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
