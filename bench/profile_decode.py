@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 from bench_train_step import QWEN3_06B
+from op_proxy import OpProxy
 
 
 def op_label(name: str, args) -> str:
@@ -24,46 +25,32 @@ def op_label(name: str, args) -> str:
     return name
 
 
-class RecordingOps:
+class RecordingOps(OpProxy):
     """The backend, keeping every op's output in call order, so that an op can later be left out."""
 
     def __init__(self, backend):
-        self.backend = backend
+        super().__init__(backend)
         self.outputs: dict[str, list] = defaultdict(list)
 
-    def __getattr__(self, name):
-        op = getattr(self.backend, name)
-        if not callable(op) or name.startswith("xp"):
-            return op
-
-        def recorded(*args, **kwargs):
-            out = op(*args, **kwargs)
-            self.outputs[op_label(name, args)].append(out)
-            return out
-
-        return recorded
+    def call(self, name, op, args, kwargs):
+        out = op(*args, **kwargs)
+        self.outputs[op_label(name, args)].append(out)
+        return out
 
 
-class OpsWithoutOne:
+class OpsWithoutOne(OpProxy):
     """The backend with one op label's kernels left out: its calls return the recorded outputs."""
 
     def __init__(self, backend, recorded: RecordingOps, left_out: str):
-        self.backend, self.recorded, self.left_out = backend, recorded, left_out
+        super().__init__(backend)
+        self.outputs, self.left_out = recorded.outputs[left_out], left_out
         self.calls = 0
 
-    def __getattr__(self, name):
-        op = getattr(self.backend, name)
-        if not callable(op) or name.startswith("xp"):
-            return op
-
-        def maybe(*args, **kwargs):
-            if op_label(name, args) != self.left_out:
-                return op(*args, **kwargs)
-            out = self.recorded.outputs[self.left_out][self.calls % len(self.recorded.outputs[self.left_out])]
-            self.calls += 1
-            return out
-
-        return maybe
+    def call(self, name, op, args, kwargs):
+        if op_label(name, args) != self.left_out:
+            return op(*args, **kwargs)
+        self.calls += 1
+        return self.outputs[(self.calls - 1) % len(self.outputs)]
 
 
 def decode_inputs(cfg, seqs: int, context: int, block_size: int, num_blocks: int):

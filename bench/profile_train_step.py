@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 from bench_train_step import QWEN3_06B, matmul_rate
+from op_proxy import OpProxy
 
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
@@ -49,25 +50,19 @@ def op_flops(name: str, args) -> float:
     return 0.0
 
 
-class TimedOps:
+class TimedOps(OpProxy):
     """The backend with every op timed: CUDA events on the GPU, the wall clock on the CPU."""
 
     def __init__(self, backend, gpu: bool):
-        self.backend, self.gpu = backend, gpu
+        super().__init__(backend)
+        self.gpu = gpu
         self.calls: dict[str, list] = defaultdict(list)  # name -> [(start, end, flops)]
 
-    def __getattr__(self, name):
-        op = getattr(self.backend, name)
-        if not callable(op) or name.startswith("xp"):
-            return op
-
-        def timed(*args, **kwargs):
-            start = self._mark()
-            out = op(*args, **kwargs)
-            self.calls[name].append((start, self._mark(), op_flops(name, args)))
-            return out
-
-        return timed
+    def call(self, name, op, args, kwargs):
+        start = self._mark()
+        out = op(*args, **kwargs)
+        self.calls[name].append((start, self._mark(), op_flops(name, args)))
+        return out
 
     def _mark(self):
         if not self.gpu:
