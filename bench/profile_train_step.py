@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=16)
     parser.add_argument("--seqlen", type=int, default=1152)
     args = parser.parse_args()
+    if args.seqs < 1 or args.seqlen < 2:
+        parser.error(f"--seqs must be >= 1 and --seqlen >= 2 (a target per token), got {args.seqs}, {args.seqlen}")
 
     from barerl.config import ModelConfig
     from barerl.model.model import Model, PackedBatch
