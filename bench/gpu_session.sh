@@ -3,7 +3,7 @@
 #   bash bench/gpu_session.sh tests t1 r1 demo                 # one GPU, stages in order
 #   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
 # Stages: tests (model-level GPU tests, AdamW kernels), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen
-# (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), profile (GPU time per op of a decode step),
+# (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), gemm (linear layers: GemmEx vs cuBLASLt), profile (GPU time per op of a decode step),
 # profile_train (time per op of a T1 micro-batch), demo (`barerl demo` on the GPU), reward
 # parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint), parity_demo_barerl,
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
@@ -58,6 +58,7 @@ stage_profile() { timeout "$(budget ${PROFILE_TIMEOUT:-120})" python3 bench/prof
 stage_profile_train() {
   timeout "$(budget ${PROFILE_TIMEOUT:-120})" python3 bench/profile_train_step.py 2>&1 | tee "$OUT/profile_train.log" | tail -25
 }
+stage_gemm() { timeout "$(budget ${GEMM_TIMEOUT:-150})" python3 bench/bench_gemm.py --csv "$OUT/gemm.csv" 2>&1 | tee "$OUT/gemm.log" | tail -70; }
 stage_kernels() { timeout "$(budget ${KERNELS_TIMEOUT:-120})" python3 bench/bench_decode_kernels.py 2>&1 | tee "$OUT/decode_kernels.log" | tail -25; }
 stage_demo() {
   timeout "$(budget ${DEMO_TIMEOUT:-200})" python3 -m barerl.cli demo --device cuda --output_dir "$OUT/demo" 2>&1 \
@@ -74,6 +75,7 @@ parity() {  # parity TASK MODEL SYSTEM [OUT_SUFFIX EXTRA_ARGS...]: 3 seeds, metr
       | grep -E "seed|Error|error" | tail -5
   done
   rm -rf "$out"/*/checkpoint-* "$out"/*/*.safetensors
+  tar -czf "$out.tgz" -C "$OUT" "$(basename "$out")" && rm -rf "$out"  # a call brings back few files: pack them
 }
 stage_parity_demo_barerl() { parity demo .parity/demo_sft barerl; }
 stage_parity_demo_trl() { parity demo .parity/demo_sft trl; }

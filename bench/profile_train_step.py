@@ -50,6 +50,14 @@ def op_flops(name: str, args) -> float:
     return 0.0
 
 
+def row_name(name: str, args) -> str:
+    """The table's row: linear layers by weight shape (N x K), every other op by name."""
+    if name in ("linear", "linear_backward"):
+        n, k = args[1].shape if name == "linear" else args[2].shape
+        return f"{name} {n}x{k}"
+    return name
+
+
 class TimedOps(OpProxy):
     """The backend with every op timed: CUDA events on the GPU, the wall clock on the CPU."""
 
@@ -61,7 +69,7 @@ class TimedOps(OpProxy):
     def call(self, name, op, args, kwargs):
         start = self._mark()
         out = op(*args, **kwargs)
-        self.calls[name].append((start, self._mark(), op_flops(name, args)))
+        self.calls[row_name(name, args)].append((start, self._mark(), op_flops(name, args)))
         return out
 
     def _mark(self):

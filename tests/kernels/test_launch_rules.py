@@ -6,6 +6,7 @@ import ctypes
 from test_linear import SPLIT_K_SHAPES
 
 from barerl.engine.device_memory import _AccessDesc, _AllocationProp
+from barerl.kernels.cublaslt import HeuristicResult, alignment
 from barerl.kernels.linear import split_k_parts
 
 
@@ -21,3 +22,13 @@ def test_driver_structures_have_the_cuda_h_layout():
     assert ctypes.sizeof(_AllocationProp) == 32
     assert _AllocationProp.location.offset == 8 and _AllocationProp.allocFlags.offset == 24
     assert ctypes.sizeof(_AccessDesc) == 12
+
+
+def test_cublaslt_heuristic_result_has_the_header_layout():
+    """cublasLtMatmulHeuristicResult_t: a 64-byte algo, workspace size, state, waves count, 4 reserved ints."""
+    assert ctypes.sizeof(HeuristicResult) == 96
+    assert HeuristicResult.workspace_size.offset == 64 and HeuristicResult.waves_count.offset == 76
+
+
+def test_pointer_alignment_is_capped_at_256_bytes():
+    assert [alignment(a) for a in (0, 1024, 256 + 2, 512 + 16, 3)] == [256, 256, 2, 16, 1]

@@ -64,6 +64,28 @@ def test_strided_views_and_poison(draw, dtype):
     assert_close("view gemm", out, f32(qkv[:, 64:128]) @ f32(w).T, dtype)
 
 
+@pytest.mark.parametrize("offset", [0, 1, 8])
+def test_cublaslt_on_misaligned_views_and_accumulation(draw, offset):
+    """cuBLASLt products on views starting `offset` elements into their buffers (the plan asks for algorithms
+    that accept the pointers' alignment), with a bias epilogue, and fp32 accumulation into out (beta = 1)."""
+    import cupy
+
+    from barerl.kernels.cublaslt import matmul
+
+    dtype = DTYPES[0]
+    x = draw.normal((37 * 72 + offset,), dtype)[offset:].reshape(37, 72)
+    w = draw.normal((50 * 72 + offset,), dtype)[offset:].reshape(50, 72)
+    bias, residual = draw.normal((50,), dtype), draw.normal((37, 50), dtype)
+    out = cupy.empty((37, 50), dtype)
+    poison(out)
+    matmul(x, w, out, transb=True, beta=1.0, c=residual, bias=bias)
+    assert_close("x w^T + residual + bias", out, f32(x) @ f32(w).T + f32(residual) + f32(bias), dtype)
+    acc = draw.normal((72, 72), FP32)
+    want = acc + f32(x).T @ f32(x)
+    matmul(x, x, acc, transa=True, beta=1.0)
+    assert_close("acc += x^T x", acc, want, dtype)
+
+
 def test_lm_head_logits(draw):
     from barerl.backend import cuda
 

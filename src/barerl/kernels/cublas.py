@@ -32,26 +32,27 @@ class CublasError(RuntimeError):
     pass
 
 
-def _load_library() -> ctypes.CDLL:
-    """libcublas: the one CuPy already loaded if any, else the pip wheel's or the toolkit's."""
-    try:  # makes CuPy load its libcublas, which a dlopen by soname then finds
+def load_library(stem: str = "cublas") -> ctypes.CDLL:
+    """lib{stem} (libcublas, libcublasLt): the one CuPy already loaded if any, else the pip wheel's or the
+    toolkit's."""
+    try:  # makes CuPy load its libcublas (and Lt), which a dlopen by soname then finds
         import cupy_backends.cuda.libs.cublas  # noqa: F401
     except ImportError:
         pass
-    candidates = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    candidates = [f"lib{stem}.so.13", f"lib{stem}.so.12", f"lib{stem}.so"]
     import site
 
     roots = [*site.getsitepackages(), os.environ.get("CUDA_PATH", "/usr/local/cuda")]
     for root in roots:
-        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublas.so*")))
-        candidates += sorted(glob.glob(os.path.join(root, "lib64", "libcublas.so*")))
+        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", f"lib{stem}.so*")))
+        candidates += sorted(glob.glob(os.path.join(root, "lib64", f"lib{stem}.so*")))
     errors = []
     for name in candidates:
         try:
             return ctypes.CDLL(name)
         except OSError as e:
             errors.append(str(e))
-    raise CublasError("could not load libcublas; tried:\n" + "\n".join(errors))
+    raise CublasError(f"could not load lib{stem}; tried:\n" + "\n".join(errors))
 
 
 class _Handle:
@@ -97,7 +98,7 @@ def _handle() -> _Handle:
     device = cupy.cuda.Device().id
     if device not in _handles:
         if _lib is None:
-            _lib = _load_library()
+            _lib = load_library()
         _handles[device] = _Handle(_lib)
     handle = _handles[device]
     handle.bind()

@@ -1,8 +1,8 @@
 """Linear layers on cuBLAS: y = x @ w.T (+ bias + residual), and its backward with fp32 accumulation.
 
-The bias/residual epilogue: `out` is prefilled with bias + residual by one small kernel (csrc/linear.cu), then
-the GEMM adds x @ w.T with beta = 1, so the result is rounded to the output dtype once more than the
-reference (which sums in fp32): well inside bf16 tolerance. Decode-sized GEMMs with a long K (see
+The forward runs on cuBLASLt (kernels/cublaslt.py): the residual is its C operand (beta = 1) and the bias its
+epilogue, so one kernel writes the output, rounded once (the reference sums in fp32 too; the residual
+enters as bf16, as in the reference). Decode-sized GEMMs with a long K (see
 `split_k_parts`) run split-K instead: S fp32 parts from one batched GEMM, summed with bias + residual by one
 kernel and rounded once. Weight gradients accumulate with beta = 1 into
 `dw` in its own dtype (fp32 grads: no rounding of the sum); the bias gradient is a GEMM with a ones vector.
@@ -14,6 +14,7 @@ import numpy as np
 
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.cublas import gemm, gemm_split_k
+from barerl.kernels.cublaslt import matmul
 from barerl.kernels.launch import num_blocks, ptr
 
 _ones: dict[tuple, object] = {}
@@ -41,19 +42,14 @@ def linear(x, w, bias=None, residual=None):
     out = cupy.empty((x.shape[0], w.shape[0]), x.dtype)
     if residual is not None:
         residual = cupy.ascontiguousarray(residual)
-    rows_cols = (np.int64(out.shape[0]), np.int32(out.shape[1]))
     parts = split_k_parts(x.shape[0], x.shape[1], w.shape[0])
     if parts > 1:
         partials = gemm_split_k(x, w, cupy.empty((parts, *out.shape), np.float32))
         kernel = load_kernel("linear.cu", "split_k_sum", {"DTYPE": ctype(x.dtype)})
         kernel((num_blocks(out.size, 256),), (256,), (out, partials, ptr(bias), ptr(residual), np.int32(parts),
-                                                       *rows_cols))
+                                                       np.int64(out.shape[0]), np.int32(out.shape[1])))
         return out
-    if bias is None and residual is None:
-        return gemm(x, w, out, transb=True)
-    kernel = load_kernel("linear.cu", "bias_residual_fill", {"DTYPE": ctype(x.dtype)})
-    kernel((num_blocks(out.size, 256),), (256,), (out, ptr(bias), ptr(residual), *rows_cols))
-    return gemm(x, w, out, transb=True, beta=1.0)
+    return matmul(x, w, out, transb=True, beta=0.0 if residual is None else 1.0, c=residual, bias=bias)
 
 
 def _ones_column(n: int, dtype):

@@ -1,9 +1,6 @@
-// Epilogues of linear():
-//   bias_residual_fill prefills out with bias + residual, so that one cuBLAS GEMM with beta = 1 adds x @ w.T;
-//   split_k_sum adds the split-K GEMM's fp32 parts to bias + residual.
+// Epilogue of linear()'s split-K path: split_k_sum adds the split-K GEMM's fp32 parts to bias + residual.
 //
-// Math:    fill:  out[t, n] = bias[n] + residual[t, n]
-//          sum:   out[t, n] = bias[n] + residual[t, n] + sum_s parts[s, t, n]
+// Math:    out[t, n] = bias[n] + residual[t, n] + sum_s parts[s, t, n]
 //          (fp32 sums, rounded once; bias and residual may be absent: null)
 // Shapes:  out (T, N) DTYPE; bias (N,) DTYPE or null; residual (T, N) DTYPE or null, rows contiguous;
 //          parts (S, T, N) fp32 contiguous.
@@ -16,15 +13,6 @@ __device__ __forceinline__ float bias_plus_residual(const scalar_t* bias, const 
     if (bias != nullptr) v += to_float(bias[i % cols]);
     if (residual != nullptr) v += to_float(residual[i]);
     return v;
-}
-
-extern "C" __global__ void bias_residual_fill(scalar_t* __restrict__ out, const scalar_t* __restrict__ bias,
-                                              const scalar_t* __restrict__ residual, long long rows, int cols) {
-    const long long total = rows * cols;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = from_float<scalar_t>(bias_plus_residual(bias, residual, i, cols));
-    }
 }
 
 extern "C" __global__ void split_k_sum(scalar_t* __restrict__ out, const float* __restrict__ parts,

@@ -1,0 +1,216 @@
+"""cuBLASLt matrix products through ctypes: out = alpha op(a) op(b) + beta c (+ bias), with c and out distinct.
+
+Why next to cublas.py's GemmEx: a linear layer's residual comes in as `c` and its bias as an epilogue, so one
+kernel writes the layer's output (GemmEx needs `out` prefilled with bias + residual: one more pass over the
+output), and cuBLASLt proposes several algorithms per shape, which a benchmark can time (`algo`).
+
+Layout: as in cublas.py, row-major out (M, N) = op(a) @ op(b) is computed as the column-major
+out^T = op(b)^T op(a)^T, which reads the same memory with no copies. A plan (descriptors, layouts, the
+heuristic's candidates) is built once per shape, dtypes and pointer alignment; building one calls no CUDA
+work, so a plan can be made during CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from barerl.kernels.cublas import _CUDA_DTYPE, CublasError, load_library
+
+_COMPUTE_32F, _SCALE_32F = 68, 0
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
+_EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
+_PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
+_WORKSPACE_BYTES = 32 << 20
+CANDIDATES = 8  # algorithms asked of the heuristic per plan
+
+
+class HeuristicResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t."""
+
+    _fields_ = [
+        ("algo", ctypes.c_uint64 * 8),
+        ("workspace_size", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("waves_count", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i, u64, i64, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    signatures = {
+        "cublasLtCreate": [p],
+        "cublasLtMatmulDescCreate": [p, i, i],
+        "cublasLtMatmulDescSetAttribute": [p, i, p, size],
+        "cublasLtMatrixLayoutCreate": [p, i, u64, u64, i64],
+        "cublasLtMatmulPreferenceCreate": [p],
+        "cublasLtMatmulPreferenceSetAttribute": [p, i, p, size],
+        "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i, p, p],
+        "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasError(f"{what} returned cuBLAS status {status}")
+
+
+def _set(setter, obj, attribute: int, value: ctypes._SimpleCData) -> None:
+    _check(setter(obj, attribute, ctypes.byref(value), ctypes.sizeof(value)), setter.__name__)
+
+
+@dataclass
+class _Plan:
+    desc: ctypes.c_void_p
+    layouts: tuple  # A, B, C, D of the column-major product
+    candidates: list  # HeuristicResult, best first
+
+
+class _Lt:
+    """One cuBLASLt handle per device, its workspace and its plans."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        import cupy
+
+        self.lib = lib
+        self.handle = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
+        self.plans: dict[tuple, _Plan] = {}
+
+    def _layout(self, dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+        layout = ctypes.c_void_p()
+        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _CUDA_DTYPE[dtype.name], rows, cols, ld),
+               "cublasLtMatrixLayoutCreate")
+        return layout
+
+    def plan(self, key: tuple) -> _Plan:
+        if key not in self.plans:
+            self.plans[key] = self._make_plan(*key)
+        return self.plans[key]
+
+    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
+        lib = self.lib
+        (rows_a, cols_a, ld_a), (rows_b, cols_b, ld_b), (m, n, ld_c, ld_d) = shapes
+        in_type, c_type = dtypes
+        desc = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _SCALE_32F), "cublasLtMatmulDescCreate")
+        _set(lib.cublasLtMatmulDescSetAttribute, desc, _DESC_TRANSA, ctypes.c_int32(int(trans_a)))
+        _set(lib.cublasLtMatmulDescSetAttribute, desc, _DESC_TRANSB, ctypes.c_int32(int(trans_b)))
+        epilogue = _EPILOGUE_BIAS if has_bias else _EPILOGUE_DEFAULT
+        _set(lib.cublasLtMatmulDescSetAttribute, desc, _DESC_EPILOGUE, ctypes.c_uint32(epilogue))
+        # a row-major (rows, cols, ld) matrix is the column-major (cols, rows, ld) one
+        layouts = (self._layout(in_type, cols_a, rows_a, ld_a), self._layout(in_type, cols_b, rows_b, ld_b),
+                   self._layout(c_type, n, m, ld_c), self._layout(c_type, n, m, ld_d))
+        pref = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(_WORKSPACE_BYTES))
+        for attribute, alignment in zip(_PREF_MIN_ALIGNMENT, alignments):
+            _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, attribute, ctypes.c_uint32(alignment))
+        results = (HeuristicResult * CANDIDATES)()
+        found = ctypes.c_int()
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, pref, CANDIDATES, results,
+                                                  ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
+        candidates = [results[i] for i in range(found.value) if results[i].state == 0]
+        if not candidates:
+            raise CublasError(f"cuBLASLt has no algorithm for {key_text(trans_a, trans_b, shapes, dtypes)}")
+        return _Plan(desc, layouts, candidates)
+
+
+def key_text(trans_a, trans_b, shapes, dtypes) -> str:
+    return f"trans {trans_a}/{trans_b}, shapes {shapes}, dtypes {dtypes}"
+
+
+_lib: ctypes.CDLL | None = None
+_per_device: dict[int, _Lt] = {}
+
+
+def _lt() -> _Lt:
+    global _lib
+    import cupy
+
+    device = cupy.cuda.Device().id
+    if device not in _per_device:
+        if _lib is None:
+            _lib = _declare(load_library("cublasLt"))
+        _per_device[device] = _Lt(_lib)
+    return _per_device[device]
+
+
+def _matrix(x, name: str) -> tuple[int, int, int]:
+    """(rows, cols, leading dimension in elements) of a 2-D array whose last axis is contiguous."""
+    if x.ndim != 2:
+        raise ValueError(f"matmul: {name} must be 2-D, got shape {x.shape}")
+    item = x.dtype.itemsize
+    if x.strides[1] != item and x.shape[1] > 1:
+        raise ValueError(f"matmul: {name}'s last axis must be contiguous (strides {x.strides})")
+    ld = x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
+    return x.shape[0], x.shape[1], max(ld, x.shape[1], 1)
+
+
+def alignment(address: int) -> int:
+    """The largest power of two up to 256 dividing a device address (cuBLASLt's kernels need to know)."""
+    return min(256, address & -address) if address else 256
+
+
+def candidates(a, b, out, transa=False, transb=False, c=None, bias=None) -> int:
+    """How many algorithms the heuristic proposed for this product (for benchmarks timing each)."""
+    return len(_plan_for(a, b, out, transa, transb, c, bias)[0].candidates)
+
+
+def _plan_for(a, b, out, transa, transb, c, bias):
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul: a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    c = out if c is None else c
+    if c.dtype != out.dtype or c.shape != out.shape:
+        raise ValueError(f"matmul: c {c.shape} {c.dtype} must match out {out.shape} {out.dtype}")
+    ra, ca, lda = _matrix(a, "a")
+    rb, cb, ldb = _matrix(b, "b")
+    rc, cc, ldc = _matrix(c, "c")
+    _, _, ldd = _matrix(out, "out")
+    m, k = (ca, ra) if transa else (ra, ca)
+    k2, n = (cb, rb) if transb else (rb, cb)
+    if k != k2 or (rc, cc) != (m, n):
+        raise ValueError(f"matmul: shapes do not agree: op(a) {(m, k)}, op(b) {(k2, n)}, out {(rc, cc)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out.dtype):
+        raise ValueError(f"matmul: bias {bias.shape} {bias.dtype} must be ({n},) {out.dtype}")
+    # column-major: out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B our a
+    pointers = (b.data.ptr, a.data.ptr, c.data.ptr, out.data.ptr)
+    key = (transb, transa, ((rb, cb, ldb), (ra, ca, lda), (m, n, ldc, ldd)), (a.dtype, out.dtype),
+           bias is not None, tuple(alignment(ptr) for ptr in pointers))
+    return _lt().plan(key), pointers, (m, n, k)
+
+
+def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float = 1.0, beta: float = 0.0, c=None,
+           bias=None, algo: int = 0):
+    """out = alpha * op(a) @ op(b) + beta * c + bias, op(x) = x.T when trans; c defaults to out. Returns out.
+
+    op(a) (M, K), op(b) (K, N), c and out (M, N) of one dtype (bf16, fp16 or fp32), bias (N,) in out's dtype.
+    Accumulation in fp32, rounded to out's dtype once. `algo` picks the heuristic's candidate (0: its best).
+    """
+    import cupy
+
+    plan, pointers, (m, n, k) = _plan_for(a, b, out, transa, transb, c, bias)
+    if m == 0 or n == 0:
+        return out
+    lt = _lt()
+    if bias is not None:
+        _set(lt.lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
+    f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
+    pa, pb, pc, pd = (ctypes.c_void_p(ptr) for ptr in pointers)
+    la, lb, lc, ld = plan.layouts
+    choice = plan.candidates[algo]
+    status = lt.lib.cublasLtMatmul(
+        lt.handle, plan.desc, ctypes.byref(f_alpha), pa, la, pb, lb, ctypes.byref(f_beta), pc, lc, pd, ld,
+        ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr), _WORKSPACE_BYTES,
+        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
+    )
+    _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype}, algo {algo})")
+    return out
