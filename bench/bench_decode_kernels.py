@@ -1,4 +1,5 @@
-"""Micro-benchmarks of the inference engine's kernels on the GPU: paged attention, store_kv, sampler.
+"""Micro-benchmarks of the inference engine's kernels on the GPU: paged attention, store_kv (alone and fused
+into qk_norm_rope), sampler.
 
 Prints one table (time per call, bytes that must move, achieved GB/s and its fraction of the measured
 device-to-device copy bandwidth) and writes it as CSV. Shapes follow the Qwen3-0.6B workloads of
@@ -98,6 +99,27 @@ def sample_case(rng, rows, temperature, top_k, top_p):
     return (logits, *settings, seeds, counters), logits.nbytes
 
 
+def rope_case(rng, tokens: int):
+    """qk_norm_rope's arguments for `tokens` decode tokens: bf16 qkv and norms, positions below 4096."""
+    import cupy
+
+    qkv = cupy.asarray(rng.standard_normal((tokens, (H + 2 * K) * D), np.float32).astype(BF16))
+    positions = cupy.asarray(rng.integers(0, 4096, tokens).astype(np.int32))
+    angles = rng.uniform(0, 6.3, (4096, D // 2))
+    cos, sin = (cupy.asarray(f(angles).astype(np.float32)) for f in (np.cos, np.sin))
+    norm = cupy.asarray(rng.standard_normal(D).astype(BF16))
+    return qkv, positions, cos, sin, H, K, norm, norm, 1e-6
+
+
+def rope_then_store(rotate, cache, slots):
+    """The unfused decode path: qk_norm_rope, then store_kv of its k and v."""
+    from barerl.backend import cuda
+
+    out = cuda.qk_norm_rope(*rotate)[0]
+    kv = out[:, H * D :].reshape(-1, 2, K, D)
+    cuda.store_kv(kv[:, 0], kv[:, 1], cache, cache, slots)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", default="bench_decode_kernels.csv")
@@ -139,6 +161,12 @@ def main() -> None:
         slots = cupy.asarray(rng.permutation(tokens).astype(np.int32))
         rows.append((f"store_kv {tokens} tokens", gpu_ms(cuda.store_kv, (k, k, cache, cache, slots)),
                      4 * k.nbytes, ""))
+        rotate = rope_case(rng, tokens)  # the decode path's q/k norm + rope, with and without the store fused
+        moved = 2 * rotate[0].nbytes + 2 * k.nbytes  # qkv read, out written, k and v written to the cache
+        fused = gpu_ms(cuda.qk_norm_rope_store, (*rotate, cache, cache, slots))
+        rows.append((f"qk_norm_rope_store {tokens} tokens", fused, moved, ""))
+        unfused = gpu_ms(rope_then_store, (rotate, cache, slots))
+        rows.append((f"qk_norm_rope + store_kv {tokens} tokens", unfused, moved + 2 * k.nbytes, "2 kernels"))
     for name, (t, top_k, top_p) in {"greedy": (0.0, 0, 1.0), "temperature 1": (1.0, 0, 1.0),
                                     "top-k 50 + top-p 0.9": (1.0, 50, 0.9)}.items():
         for batch in (64, 256):

@@ -101,6 +101,18 @@ def assert_close(name: str, out, ref, dtype, tol: float | None = None) -> None:
     assert rel < tol, f"{name}: relative error {rel:.3e} over {tol:.0e} (max abs {max_abs:.3e})"
 
 
+def assert_same_bits(name: str, out, ref) -> None:
+    """Check one tensor equals its reference bit for bit (NaN included: poisoned rows must stay poisoned)."""
+    import cupy
+
+    same_kind = out.dtype == ref.dtype and out.shape == ref.shape
+    assert same_kind, f"{name}: {out.dtype} {out.shape} != reference {ref.dtype} {ref.shape}"
+    bits = _UINT[out.dtype.itemsize]
+    mismatches = int((cupy.asarray(out).view(bits) != cupy.asarray(ref).view(bits)).sum())
+    print(f"{name}: {mismatches} mismatching elements of {out.size}")
+    assert mismatches == 0, f"{name}: {mismatches} elements differ from the reference"
+
+
 def cu_seqlens(lengths):
     """Device int32 (S+1,) boundaries and (T,) positions of packed sequences with these lengths."""
     import cupy

@@ -1,8 +1,9 @@
 """One decoder layer's forward pass as a flat list of backend ops (llm.c style).
 
 The same layer serves training (attention over packed sequences) and inference (attention against the
-paged KV cache): the caller passes `attend(q, k, v) -> (o, lse)`. Shapes: T tokens, C hidden, H query heads,
-K kv heads, D head dim, I intermediate.
+paged KV cache): the caller passes `attend(q, k, v) -> (o, lse)`, and may pass `rotate`, a stand-in for
+`ops.qk_norm_rope` taking its arguments (the engine's also writes k and v into the KV cache). Shapes:
+T tokens, C hidden, H query heads, K kv heads, D head dim, I intermediate.
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ def split_heads(cfg: ModelConfig, qkv):
     return q, k, v
 
 
-def layer_forward(ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, keep: bool = False):
-    """x (T, C) -> x_out (T, C); with keep=True also returns the LayerActivations for backward."""
+def layer_forward(
+    ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, keep: bool = False, rotate=None
+):
+    """x (T, C) -> x_out (T, C); with keep=True also returns the LayerActivations for backward.
+    `rotate` (default ops.qk_norm_rope) takes qk_norm_rope's arguments and returns what it returns."""
     T = x.shape[0]
+    rotate = ops.qk_norm_rope if rotate is None else rotate
     h1, rstd1 = ops.rmsnorm(x, w.input_norm, cfg.rms_norm_eps)
     qkv = ops.linear(h1, w.qkv, w.qkv_bias)
-    qkv_rot, q_rstd, k_rstd = ops.qk_norm_rope(
+    qkv_rot, q_rstd, k_rstd = rotate(
         qkv, rope.positions, rope.cos, rope.sin, cfg.num_attention_heads, cfg.num_key_value_heads,
         w.q_norm, w.k_norm, cfg.rms_norm_eps,
     )

@@ -131,12 +131,14 @@ class Model:
         for i, w in enumerate(p.layers):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
 
+            def rotate_and_store(*args, k_cache=k_cache, v_cache=v_cache):  # k and v go to the cache here
+                return ops.qk_norm_rope_store(*args, k_cache, v_cache, slots)
+
             def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
-                ops.store_kv(k, v, k_cache, v_cache, slots)
                 o = ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale)
                 return o, None
 
-            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend)
+            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         last = x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
         return ops.lm_head_logits(h, p.lm_head)

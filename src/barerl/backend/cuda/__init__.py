@@ -13,7 +13,11 @@ from barerl.kernels.kv_cache import store_kv  # noqa: F401
 from barerl.kernels.linear import linear, linear_backward, lm_head_logits  # noqa: F401
 from barerl.kernels.lm_head import lm_head_backward, lm_head_logprobs  # noqa: F401
 from barerl.kernels.paged_attention import paged_attention  # noqa: F401
-from barerl.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_backward  # noqa: F401
+from barerl.kernels.qk_norm_rope import (  # noqa: F401
+    qk_norm_rope,
+    qk_norm_rope_backward,
+    qk_norm_rope_store,
+)
 from barerl.kernels.rmsnorm import rmsnorm, rmsnorm_backward  # noqa: F401
 from barerl.kernels.sampling import sample  # noqa: F401
 from barerl.kernels.swiglu import swiglu, swiglu_backward  # noqa: F401

@@ -35,6 +35,7 @@ __all__ = [
     "paged_attention",
     "qk_norm_rope",
     "qk_norm_rope_backward",
+    "qk_norm_rope_store",
     "rmsnorm",
     "rmsnorm_backward",
     "store_kv",
@@ -273,6 +274,18 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     vc = v_cache.reshape(-1, *v_cache.shape[2:])
     kc[slots[keep]] = k[keep].astype(k_cache.dtype, copy=False)
     vc[slots[keep]] = v[keep].astype(v_cache.dtype, copy=False)
+
+
+def qk_norm_rope_store(
+    qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping
+):
+    """`qk_norm_rope`, then `store_kv` of its rotated k and its v (the engine's decode path: one kernel on
+    the GPU). Returns what `qk_norm_rope` returns."""
+    out, q_rstd, k_rstd = qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps)
+    T, D = out.shape[0], out.shape[1] // (num_heads + 2 * num_kv_heads)
+    kv = out[:, num_heads * D :].reshape(T, 2, num_kv_heads, D)
+    store_kv(kv[:, 0], kv[:, 1], k_cache, v_cache, slot_mapping)
+    return out, q_rstd, k_rstd
 
 
 def advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, counters, block_tables, block_size):

@@ -1,24 +1,38 @@
 // Per-head q/k RMSNorm (Qwen3; optional) + rotary embedding (NeoX half-split), fused; v passes through.
+// The forward can also write each token's rotated k and its v into the paged KV cache (the engine's
+// qk_norm_rope_store: qk_norm_rope then store_kv, in one kernel).
 //
 // Math (per token t, per q or k head, HALF = D / 2, i < HALF, p = positions[t]):
 //          r = 1 / sqrt(mean(x^2) + eps);  n = x * r * w            (n = x when there is no norm weight)
 //          y[i] = n[i] * cos[p, i] - n[i + HALF] * sin[p, i];  y[i + HALF] = n[i + HALF] * cos[p, i] + n[i] * sin[p, i]
 //          backward: g[i] = dy[i] c + dy[i+HALF] s, g[i+HALF] = dy[i+HALF] c - dy[i] s (the transposed rotation),
 //          then the RMSNorm backward of g: dx = r * (g w - xhat * mean(g w xhat)), dw += g * xhat (xhat = x r).
+//          cache store (k_cache non-null): k_cache[slot, kh, :] = out's k head kh, v_cache[slot, kh, :] = its
+//          v head kh, for slot = slot_mapping[t] (flat: block * BS + offset; slot < 0 skips the token); the
+//          value is rounded to DTYPE as in out, then to CACHE_T: exactly what store_kv writes from out.
 // Shapes:  qkv, out, dout, dqkv (T, (H + 2K) * D) DTYPE, rows contiguous; positions (T,) int32;
 //          cos, sin (P, HALF) fp32; q_norm, k_norm (D,) DTYPE or both null; q_rstd (T, H), k_rstd (T, K) fp32
-//          (unused without norm); dq_norm, dk_norm (D,) fp32, accumulated (the caller zeroes them).
+//          (unused without norm); dq_norm, dk_norm (D,) fp32, accumulated (the caller zeroes them);
+//          k_cache, v_cache (num_blocks, BS, K, D) CACHE_T, dense, or both null (no store); slot_mapping (T,)
+//          int32 (unused without caches).
 // Launch:  forward: one warp per (token, head) (grid-stride: a decode step's few tokens still fill the GPU);
 //          backward: one warp per token; 4 warps per block; compiled per HEAD_DIM (a multiple of 64):
 //          lane l holds elements l PER + j and HALF + l PER + j (j < PER = D / 64), so each rotation pair
 //          is in one lane and each half moves as one PER-element access per lane.
 //          Backward sums dq_norm/dk_norm per lane in registers, then per block in shared memory, then one
 //          atomicAdd per element per block.
+//          The cache store is a run-time switch (k_cache != null, uniform over the grid): the warp that
+//          writes a k or v head of out writes the same registers to the cache, so k and v are not read back.
+// Macros:  DTYPE = qkv/out type, HEAD_DIM, CACHE_T = KV-cache storage type (defaults to DTYPE).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+#ifndef CACHE_T
+#define CACHE_T DTYPE
+#endif
+typedef CACHE_T cache_t;
 constexpr int HALF = HEAD_DIM / 2;
 constexpr int PER = HALF / 32;  // pairs per lane
 constexpr int WARPS = 4;
@@ -45,15 +59,32 @@ __device__ __forceinline__ Head load_head(const scalar_t* p, int lane) {
     return h;
 }
 
-__device__ __forceinline__ void store_head(scalar_t* p, const Head& h, int lane) {
-    Pack<scalar_t> lo, hi;
+template <typename T>
+__device__ __forceinline__ void store_head(T* p, const Head& h, int lane) {
+    Pack<T> lo, hi;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        lo.v[j] = from_float<scalar_t>(h.lo[j]);
-        hi.v[j] = from_float<scalar_t>(h.hi[j]);
+        lo.v[j] = from_float<T>(h.lo[j]);
+        hi.v[j] = from_float<T>(h.hi[j]);
     }
-    *reinterpret_cast<Pack<scalar_t>*>(p + lane * PER) = lo;
-    *reinterpret_cast<Pack<scalar_t>*>(p + HALF + lane * PER) = hi;
+    *reinterpret_cast<Pack<T>*>(p + lane * PER) = lo;
+    *reinterpret_cast<Pack<T>*>(p + HALF + lane * PER) = hi;
+}
+
+// The kv-th of a token's 2K k and v heads (as written to out) -> its cache row at the token's slot (none when
+// slot < 0); rounded to DTYPE first, so the cache holds what store_kv would copy from out.
+__device__ __forceinline__ void store_cache_head(cache_t* k_cache, cache_t* v_cache, int slot, Head x, int kv,
+                                                 int num_kv_heads, int lane) {
+    if (slot < 0) return;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        x.lo[j] = to_float(from_float<scalar_t>(x.lo[j]));
+        x.hi[j] = to_float(from_float<scalar_t>(x.hi[j]));
+    }
+    const bool is_k = kv < num_kv_heads;
+    cache_t* cache = is_k ? k_cache : v_cache;
+    const int head = is_k ? kv : kv - num_kv_heads;
+    store_head(cache + ((long long)slot * num_kv_heads + head) * HEAD_DIM, x, lane);
 }
 
 // This lane's PER cos and sin values of position pos (tables (positions, HALF) fp32).
@@ -77,6 +108,7 @@ extern "C" __global__ void qk_norm_rope_forward(
     scalar_t* __restrict__ out, float* __restrict__ q_rstd, float* __restrict__ k_rstd,
     const scalar_t* __restrict__ qkv, const int* __restrict__ positions, const float* __restrict__ cos_table,
     const float* __restrict__ sin_table, const scalar_t* __restrict__ q_norm, const scalar_t* __restrict__ k_norm,
+    cache_t* __restrict__ k_cache, cache_t* __restrict__ v_cache, const int* __restrict__ slot_mapping,
     int tokens, int num_heads, int num_kv_heads, float eps) {
     const int lane = threadIdx.x & 31;
     const int heads = num_heads + 2 * num_kv_heads;
@@ -110,6 +142,8 @@ extern "C" __global__ void qk_norm_rope_forward(
             }
         }
         store_head(out + offset, x, lane);
+        if (k_cache != nullptr && h >= num_heads)
+            store_cache_head(k_cache, v_cache, slot_mapping[t], x, h - num_heads, num_kv_heads, lane);
     }
 }
 
