@@ -1,11 +1,11 @@
 """The linear layers' matrix products at T1 and decode shapes: the GemmEx path against cuBLASLt's candidates.
 
 For each Qwen3-0.6B linear layer (qkv, o_proj + residual, gate_up, down + residual) at T1's 18,432 rows and
-at G1's 64 decode rows, times: `linear` as shipped (GemmEx: output prefilled with the residual, or split-K
-for decode rows), and every algorithm cuBLASLt's heuristic proposes with the residual as C. Also the
-backward products at T1 rows (dx = dy w through GemmEx and Lt; dw += dy^T x). Times are CUDA-graph replays
-of 10 back-to-back calls (device time, no launch cost), median of 10 replays; each Lt result is checked
-against the GemmEx one.
+at G1's 64 decode rows, times: `linear` as shipped (cuBLASLt's tuned choice, or split-K for decode rows),
+every algorithm cuBLASLt's heuristic proposes with the residual as C, and the tuned choice. Also the
+backward products at T1 rows (dx = dy w, dw += dy^T x) through GemmEx and Lt. Times are CUDA-graph replays
+of 10 back-to-back calls (device time, no launch cost), median of 10 replays; results are checked against
+GemmEx's (relative error).
 
 usage: PYTHONPATH=src python bench/bench_gemm.py [--csv out.csv]
 """
@@ -44,28 +44,41 @@ def rel_err(x, ref) -> float:
     return float(np.linalg.norm((x - ref).get()) / max(np.linalg.norm(ref.get()), 1e-30))
 
 
+def result(case: str, rows: int, variant: str, us: float, flops: float, nbytes: int, err: float = 0.0) -> dict:
+    return {"case": case, "rows": rows, "variant": variant, "us": us, "flops": flops, "bytes": nbytes, "err": err}
+
+
+def lt_variants(case: str, rows: int, call, flops: float, nbytes: int, count: int, check) -> list[dict]:
+    """call(algo) for each candidate index, then None (the tuned choice); check() -> error of the last call."""
+    out = []
+    for algo in [*range(count), None]:
+        us = replay_us(lambda algo=algo: call(algo))
+        call(algo)
+        out.append(result(case, rows, "Lt tuned" if algo is None else f"Lt #{algo}", us, flops, nbytes, check()))
+    return out
+
+
 def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> list[dict]:
     import cupy
 
     from barerl.kernels import cublaslt
+    from barerl.kernels.cublas import gemm
     from barerl.kernels.linear import linear
 
     x, w = rand((rows, k)), rand((n, k), scale=0.02)
     residual = rand((rows, n)) if has_residual else None
     flops, nbytes = 2.0 * rows * n * k, 2 * (x.size + w.size + rows * n * (2 if has_residual else 1))
-    shipped = linear(x, w, residual=residual)
-    out = cupy.empty_like(shipped)
-    beta = 1.0 if has_residual else 0.0
-    rows_out = [dict(case=f"{name} fwd", rows=rows, variant="linear (GemmEx)",
-                     us=replay_us(lambda: linear(x, w, residual=residual)), flops=flops, bytes=nbytes, err=0.0)]
-    for i in range(cublaslt.candidates(x, w, out, transb=True, c=residual)):
-        def call(i=i):
-            cublaslt.matmul(x, w, out, transb=True, beta=beta, c=residual, algo=i)
-        us = replay_us(call)
-        call()
-        rows_out.append(dict(case=f"{name} fwd", rows=rows, variant=f"Lt #{i}", us=us, flops=flops, bytes=nbytes,
-                             err=rel_err(out, shipped)))
-    return rows_out
+    want = gemm(x, w, residual.copy() if has_residual else cupy.empty((rows, n), BF16), transb=True,
+                beta=1.0 if has_residual else 0.0)
+    out = cupy.empty_like(want)
+    case = f"{name} fwd"
+    rows_out = [result(case, rows, "linear", replay_us(lambda: linear(x, w, residual=residual)), flops, nbytes,
+                       rel_err(linear(x, w, residual=residual), want))]
+    count = cublaslt.candidates(x, w, out, transb=True, c=residual)
+    return rows_out + lt_variants(
+        case, rows, lambda algo: cublaslt.matmul(x, w, out, transb=True, beta=1.0 if has_residual else 0.0,
+                                                 c=residual, algo=algo),
+        flops, nbytes, count, lambda: rel_err(out, want))
 
 
 def backward_rows(rows: int, name: str, n: int, k: int) -> list[dict]:
@@ -79,20 +92,13 @@ def backward_rows(rows: int, name: str, n: int, k: int) -> list[dict]:
     dx_ref = gemm(dy, w, cupy.empty((rows, k), BF16))
     dx = cupy.empty_like(dx_ref)
     dw = cupy.zeros((n, k), np.float32)
-    out = [dict(case=f"{name} dx", rows=rows, variant="GemmEx", us=replay_us(lambda: gemm(dy, w, dx_ref)),
-                flops=flops, bytes=nbytes, err=0.0),
-           dict(case=f"{name} dw", rows=rows, variant="GemmEx",
-                us=replay_us(lambda: gemm(dy, x, dw, transa=True, beta=1.0)), flops=flops, bytes=nbytes, err=0.0)]
-    for i in range(cublaslt.candidates(dy, w, dx)):
-        def call(i=i):
-            cublaslt.matmul(dy, w, dx, algo=i)
-        us = replay_us(call)
-        call()
-        out.append(dict(case=f"{name} dx", rows=rows, variant=f"Lt #{i}", us=us, flops=flops, bytes=nbytes,
-                        err=rel_err(dx, dx_ref)))
-    for i in range(cublaslt.candidates(dy, x, dw, transa=True)):
-        out.append(dict(case=f"{name} dw", rows=rows, variant=f"Lt #{i}", flops=flops, bytes=nbytes, err=0.0,
-                        us=replay_us(lambda i=i: cublaslt.matmul(dy, x, dw, transa=True, beta=1.0, algo=i))))
+    out = [result(f"{name} dx", rows, "GemmEx", replay_us(lambda: gemm(dy, w, dx_ref)), flops, nbytes),
+           result(f"{name} dw", rows, "GemmEx", replay_us(lambda: gemm(dy, x, dw, transa=True, beta=1.0)), flops,
+                  nbytes)]
+    out += lt_variants(f"{name} dx", rows, lambda algo: cublaslt.matmul(dy, w, dx, algo=algo), flops, nbytes,
+                       cublaslt.candidates(dy, w, dx), lambda: rel_err(dx, dx_ref))
+    out += lt_variants(f"{name} dw", rows, lambda algo: cublaslt.matmul(dy, x, dw, transa=True, beta=1.0, algo=algo),
+                       flops, nbytes, cublaslt.candidates(dy, x, dw, transa=True), lambda: 0.0)
     return out
 
 

@@ -6,7 +6,7 @@ import ctypes
 from test_linear import SPLIT_K_SHAPES
 
 from barerl.engine.device_memory import _AccessDesc, _AllocationProp
-from barerl.kernels.cublaslt import HeuristicResult, alignment
+from barerl.kernels.cublaslt import HeuristicResult, _tuning_key, alignment
 from barerl.kernels.linear import split_k_parts
 
 
@@ -32,3 +32,14 @@ def test_cublaslt_heuristic_result_has_the_header_layout():
 
 def test_pointer_alignment_is_capped_at_256_bytes():
     assert [alignment(a) for a in (0, 1024, 256 + 2, 512 + 16, 3)] == [256, 256, 2, 16, 1]
+
+
+def test_gemm_tuning_classes_round_token_counts_up_to_powers_of_two():
+    """Ragged micro-batches share one tuned algorithm per power-of-two class of each dimension."""
+    def key(tokens, n=4096, k=1024):  # a linear forward: x (tokens, k) @ w (n, k).T, as cublaslt lays it out
+        return _tuning_key(True, False, ((n, k, k), (tokens, k, k), (tokens, n, n, n)), ("bf16", "bf16"), False,
+                           (256,) * 4)
+
+    assert key(17_000) == key(18_432) == key(32_768) != key(32_769)
+    assert key(18_432) != key(18_432, n=1024) and key(64) != key(64, k=3072)
+    assert "m<=32768 n<=4096 k<=1024" in key(18_432)

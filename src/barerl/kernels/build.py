@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 CSRC = Path(__file__).parent / "csrc"
-os.environ.setdefault("CUPY_CACHE_DIR", str(Path.home() / ".cache" / "barerl" / "cupy"))
+CACHE_DIR = Path(os.environ.get("BARERL_CACHE_DIR", Path.home() / ".cache" / "barerl"))
+os.environ.setdefault("CUPY_CACHE_DIR", str(CACHE_DIR / "cupy"))
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _modules: dict[tuple, object] = {}

@@ -2,7 +2,14 @@
 
 Why next to cublas.py's GemmEx: a linear layer's residual comes in as `c` and its bias as an epilogue, so one
 kernel writes the layer's output (GemmEx needs `out` prefilled with bias + residual: one more pass over the
-output), and cuBLASLt proposes several algorithms per shape, which a benchmark can time (`algo`).
+output), and cuBLASLt proposes several algorithms per shape.
+
+Algorithm choice: the heuristic's first pick is often not its fastest candidate (measured on the H200 at T1
+shapes: up to 27% slower, bench/RESULTS.md). The first product of a shape class (rows rounded up to a power of
+two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch output
+and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`. Choices persist in a JSON file per GPU
+and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
+product captured before its class is tuned takes the heuristic's first pick.
 
 Layout: as in cublas.py, row-major out (M, N) = op(a) @ op(b) is computed as the column-major
 out^T = op(b)^T op(a)^T, which reads the same memory with no copies. A plan (descriptors, layouts, the
@@ -13,10 +20,13 @@ work, so a plan can be made during CUDA-graph capture.
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from barerl.kernels.build import CACHE_DIR
 from barerl.kernels.cublas import _CUDA_DTYPE, CublasError, load_library
 
 _COMPUTE_32F, _SCALE_32F = 68, 0
@@ -24,7 +34,9 @@ _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
 _WORKSPACE_BYTES = 32 << 20
-CANDIDATES = 8  # algorithms asked of the heuristic per plan
+CANDIDATES = 16  # algorithms asked of the heuristic per plan
+_TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
+_TUNE_REPEATS = 3
 
 
 class HeuristicResult(ctypes.Structure):
@@ -50,10 +62,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmulPreferenceSetAttribute": [p, i, p, size],
         "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i, p, p],
         "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
+        "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
+        "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    lib.cublasLtGetVersion.restype = ctypes.c_size_t
     return lib
 
 
@@ -70,7 +85,9 @@ def _set(setter, obj, attribute: int, value: ctypes._SimpleCData) -> None:
 class _Plan:
     desc: ctypes.c_void_p
     layouts: tuple  # A, B, C, D of the column-major product
-    candidates: list  # HeuristicResult, best first
+    candidates: list  # HeuristicResult, the heuristic's order
+    tuning_key: str  # the shape class: rows rounded up to a power of two
+    chosen: object = None  # the algorithm in use once tuned (HeuristicResult)
 
 
 class _Lt:
@@ -84,6 +101,9 @@ class _Lt:
         _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
         self.plans: dict[tuple, _Plan] = {}
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        self.choices_path = CACHE_DIR / f"cublaslt-{name.replace(' ', '_')}-{lib.cublasLtGetVersion()}.json"
+        self.choices: dict[str, str] = _read_json(self.choices_path)  # tuning key -> algorithm bytes, hex
 
     def _layout(self, dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         layout = ctypes.c_void_p()
@@ -95,6 +115,33 @@ class _Lt:
         if key not in self.plans:
             self.plans[key] = self._make_plan(*key)
         return self.plans[key]
+
+    def algorithm(self, plan: _Plan, tune) -> object:
+        """The plan's algorithm: its class's recorded choice when it applies to this exact shape, else the
+        fastest candidate timed by tune(candidate) -> ms (None while capturing: the first pick, not kept)."""
+        if plan.chosen is not None:
+            return plan.chosen
+        recorded = self.choices.get(plan.tuning_key)
+        if recorded is not None:
+            plan.chosen = self._checked(plan, bytes.fromhex(recorded))
+            return plan.chosen
+        if tune is None or len(plan.candidates) == 1:
+            return plan.candidates[0]
+        times = [tune(candidate) for candidate in plan.candidates]
+        best = int(np.argmin(times))
+        plan.chosen = plan.candidates[best if times[best] < (1 - _TUNE_MARGIN) * times[0] else 0]
+        self.choices[plan.tuning_key] = bytes(plan.chosen.algo).hex()
+        _write_json(self.choices_path, self.choices)
+        return plan.chosen
+
+    def _checked(self, plan: _Plan, algo_bytes: bytes) -> object:
+        """The recorded algorithm as a HeuristicResult if cuBLASLt accepts it for this exact plan, else the
+        heuristic's first pick."""
+        result = HeuristicResult()
+        ctypes.memmove(result.algo, algo_bytes, min(len(algo_bytes), ctypes.sizeof(result.algo)))
+        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, plan.desc, *plan.layouts, ctypes.byref(result.algo),
+                                                  ctypes.byref(result))
+        return result if status == 0 and result.workspace_size <= _WORKSPACE_BYTES else plan.candidates[0]
 
     def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
         lib = self.lib
@@ -119,13 +166,43 @@ class _Lt:
         _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, pref, CANDIDATES, results,
                                                   ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
         candidates = [results[i] for i in range(found.value) if results[i].state == 0]
+        what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
-            raise CublasError(f"cuBLASLt has no algorithm for {key_text(trans_a, trans_b, shapes, dtypes)}")
-        return _Plan(desc, layouts, candidates)
+            raise CublasError(f"cuBLASLt has no algorithm for {what}")
+        return _Plan(desc, layouts, candidates, _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments))
 
 
-def key_text(trans_a, trans_b, shapes, dtypes) -> str:
-    return f"trans {trans_a}/{trans_b}, shapes {shapes}, dtypes {dtypes}"
+def _size_class(n: int) -> int:
+    return 1 << max(4, (n - 1).bit_length())
+
+
+def _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> str:
+    """A plan's shape class: M, N, K each rounded up to a power of two (token counts vary batch to batch)."""
+    (rows_a, cols_a, _), _, (m, n, _, _) = shapes
+    k = cols_a if trans_a else rows_a  # cuBLASLt's A (our b) is (k, n) column-major, or (n, k) transposed
+    m_class, n_class, k_class = (_size_class(x) for x in (m, n, k))
+    return (f"trans {int(trans_a)}{int(trans_b)} m<={m_class} n<={n_class} k<={k_class} {dtypes[0]}->{dtypes[1]}"
+            f" bias {int(has_bias)} align {'/'.join(map(str, alignments))}")
+
+
+def _read_json(path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path, data: dict) -> None:
+    """Atomically (temp + rename): processes sharing the cache never read half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: choices stay in memory
+        pass
 
 
 _lib: ctypes.CDLL | None = None
@@ -189,11 +266,12 @@ def _plan_for(a, b, out, transa, transb, c, bias):
 
 
 def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float = 1.0, beta: float = 0.0, c=None,
-           bias=None, algo: int = 0):
+           bias=None, algo: int | None = None):
     """out = alpha * op(a) @ op(b) + beta * c + bias, op(x) = x.T when trans; c defaults to out. Returns out.
 
     op(a) (M, K), op(b) (K, N), c and out (M, N) of one dtype (bf16, fp16 or fp32), bias (N,) in out's dtype.
-    Accumulation in fp32, rounded to out's dtype once. `algo` picks the heuristic's candidate (0: its best).
+    Accumulation in fp32, rounded to out's dtype once. `algo` forces the heuristic's candidate of that index
+    (benchmarks); by default the shape class's tuned choice (see the module's docstring).
     """
     import cupy
 
@@ -204,13 +282,44 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
     if bias is not None:
         _set(lt.lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
     f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
-    pa, pb, pc, pd = (ctypes.c_void_p(ptr) for ptr in pointers)
-    la, lb, lc, ld = plan.layouts
-    choice = plan.candidates[algo]
-    status = lt.lib.cublasLtMatmul(
-        lt.handle, plan.desc, ctypes.byref(f_alpha), pa, la, pb, lb, ctypes.byref(f_beta), pc, lc, pd, ld,
-        ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr), _WORKSPACE_BYTES,
-        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
-    )
-    _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype}, algo {algo})")
+    stream = cupy.cuda.get_current_stream()
+
+    def launch(choice, c_ptr: int, d_ptr: int) -> None:
+        la, lb, lc, ld = plan.layouts
+        status = lt.lib.cublasLtMatmul(
+            lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(pointers[0]), la,
+            ctypes.c_void_p(pointers[1]), lb, ctypes.byref(f_beta), ctypes.c_void_p(c_ptr), lc,
+            ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
+            _WORKSPACE_BYTES, ctypes.c_void_p(stream.ptr),
+        )
+        _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
+
+    scratch = []  # the tuning's output (and its C when C is out): the real operands stay untouched
+
+    def time_candidate(choice) -> float:
+        if not scratch:
+            scratch.append(cupy.empty_like(out))
+            scratch.append(out.copy() if pointers[2] == pointers[3] else c)
+        c_ptr, d_ptr = scratch[1].data.ptr, scratch[0].data.ptr
+        launch(choice, c_ptr, d_ptr)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(_TUNE_REPEATS):
+            launch(choice, c_ptr, d_ptr)
+        end.record(stream)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end)
+
+    if algo is not None:
+        choice = plan.candidates[algo]
+    else:
+        choice = lt.algorithm(plan, None if _capturing(stream) else time_candidate)
+    launch(choice, pointers[2], pointers[3])
     return out
+
+
+def _capturing(stream) -> bool:
+    try:
+        return bool(stream.is_capturing())
+    except Exception:  # noqa: BLE001 - the legacy stream during another stream's capture: do not time
+        return True

@@ -1,4 +1,4 @@
-"""Linear layers on cuBLAS: y = x @ w.T (+ bias + residual), and its backward with fp32 accumulation.
+"""Linear layers on cuBLASLt: y = x @ w.T (+ bias + residual), and its backward with fp32 accumulation.
 
 The forward runs on cuBLASLt (kernels/cublaslt.py): the residual is its C operand (beta = 1) and the bias its
 epilogue, so one kernel writes the output, rounded once (the reference sums in fp32 too; the residual
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.cublas import gemm, gemm_split_k
+from barerl.kernels.cublas import gemm_split_k
 from barerl.kernels.cublaslt import matmul
 from barerl.kernels.launch import num_blocks, ptr
 
@@ -70,11 +70,11 @@ def linear_backward(dy, x, w, dw, dbias=None):
 
     w = _cast(w, dy.dtype)
     x = _cast(x, dy.dtype)
-    gemm(dy, x, dw, transa=True, beta=1.0)
+    matmul(dy, x, dw, transa=True, beta=1.0)
     if dbias is not None:
-        gemm(dy, _ones_column(dy.shape[0], dy.dtype), dbias.reshape(-1, 1), transa=True, beta=1.0)
+        matmul(dy, _ones_column(dy.shape[0], dy.dtype), dbias.reshape(-1, 1), transa=True, beta=1.0)
     dx = cupy.empty((dy.shape[0], w.shape[1]), x.dtype)
-    return gemm(dy, w, dx)
+    return matmul(dy, w, dx)
 
 
 def lm_head_logits(h, w, inv_temperature=1.0):
@@ -82,4 +82,4 @@ def lm_head_logits(h, w, inv_temperature=1.0):
     import cupy
 
     out = cupy.empty((h.shape[0], w.shape[0]), np.float32)
-    return gemm(h, _cast(w, h.dtype), out, transb=True, alpha=float(inv_temperature))
+    return matmul(h, _cast(w, h.dtype), out, transb=True, alpha=float(inv_temperature))

@@ -12,7 +12,7 @@ import numpy as np
 
 from barerl.backend.ref.nn import DEFAULT_LM_HEAD_CHUNK
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.cublas import gemm
+from barerl.kernels.cublaslt import matmul
 from barerl.kernels.launch import contiguous
 
 _THREADS = 512
@@ -40,7 +40,7 @@ def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_H
     kernel = load_kernel("lm_head.cu", "lm_head_stats", {"DTYPE": ctype(h.dtype)})
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
-        gemm(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
+        matmul(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
         kernel(
             (b - a,), (_THREADS,), (logprobs[a:b], lse[a:b], entropy[a:b], logits, targets[a:b], np.int32(V))
         )
@@ -64,7 +64,7 @@ def lm_head_backward(
     kernel = load_kernel("lm_head.cu", "lm_head_dlogits", {"DTYPE": ctype(h.dtype)})
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
-        gemm(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
+        matmul(h[a:b], w, logits[: b - a], transb=True, alpha=float(inv_temperature))
         kernel(
             (b - a,),
             (_THREADS,),
@@ -78,6 +78,6 @@ def lm_head_backward(
                 np.float32(inv_temperature),
             ),
         )
-        gemm(dlogits[: b - a], w, dh[a:b])
-        gemm(dlogits[: b - a], h[a:b], dw, transa=True, beta=1.0)
+        matmul(dlogits[: b - a], w, dh[a:b])
+        matmul(dlogits[: b - a], h[a:b], dw, transa=True, beta=1.0)
     return dh
