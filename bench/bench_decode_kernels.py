@@ -145,7 +145,7 @@ def main() -> None:
         case, nbytes = attention_case(rng, contexts, np.ones(len(contexts), np.int64))
         splits = num_splits(len(contexts), K, case[3].shape[1] * BLOCK)
         rows.append((name, gpu_ms(cuda.paged_attention, case), nbytes, f"{splits} splits"))
-    for ctas_per_sm in (8, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
+    for ctas_per_sm in (2, 8, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
         default, paged_attention._CTAS_PER_SM = paged_attention._CTAS_PER_SM, ctas_per_sm
         for name in ("decode G1: 64 seqs x 640 ctx", "decode 1 seq x 32k ctx"):
             case, nbytes = attention_case(rng, decode_cases[name], np.ones(len(decode_cases[name]), np.int64))

@@ -135,7 +135,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
     item, block_n = q.dtype.itemsize, 16 * CONFIG["bwd_warps"]
     smem = _smem(
         kernel,
-        (2 * block_n + 2 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item + 2 * _BWD_BM * 4,
+        (2 * block_n + 4 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item + 4 * _BWD_BM * 4,
     )
     kernel(
         (-(-T // block_n) + num_seqs, K),

@@ -139,7 +139,8 @@ class Model:
                 return o, None
 
             x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
-        last = x[cu[1:] - 1]
+        decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
+        last = x if decode else x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
         return ops.lm_head_logits(h, p.lm_head)
 

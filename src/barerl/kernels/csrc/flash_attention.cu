@@ -14,7 +14,8 @@
 //          cp.async; online softmax in base 2.
 //          backward: BWD_WARPS warps, each owns 16 keys; grid (key tiles, K) likewise; the block loops
 //          over the group's query heads and over the 32-query tiles that can see its keys, keeping dK, dV in
-//          registers (no atomics) and adding dQ with fp32 atomics. Dynamic shared memory (> 48 KiB).
+//          registers (no atomics) and adding dQ with fp32 atomics; the next tile's Q, dO, lse and delta load
+//          (cp.async, two stages) while the current one is used. Dynamic shared memory (> 48 KiB).
 // Accumulation: all products in fp32 (mma.sync m16n8k16), P and dS rounded to DTYPE as mma operands.
 #include "mma.cuh"
 
@@ -315,11 +316,11 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
     extern __shared__ __align__(16) unsigned char smem[];
     scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
     scalar_t* sV = sK + BWD_BN * LD;
-    scalar_t* sQ = sV + BWD_BN * LD;
-    scalar_t* sdO = sQ + BWD_BM * LD;
-    scalar_t* sdS = sdO + BWD_BM * LD;  // dS^T: (keys, queries)
-    float* sLse = reinterpret_cast<float*>(sdS + BWD_BN * LDS);
-    float* sDelta = sLse + BWD_BM;
+    scalar_t* sQ0 = sV + BWD_BN * LD;     // 2 stages of Q and dO tiles
+    scalar_t* sdO0 = sQ0 + 2 * BWD_BM * LD;
+    scalar_t* sdS = sdO0 + 2 * BWD_BM * LD;  // dS^T: (keys, queries)
+    float* sLse0 = reinterpret_cast<float*>(sdS + BWD_BN * LDS);  // 2 stages of lse, then 2 of delta
+    float* sDelta0 = sLse0 + 2 * BWD_BM;
     int start, len, tile;
     if (!find_tile(cu_seqlens, num_seqs, BWD_BN, blockIdx.x, start, len, tile)) return;
     const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
@@ -339,30 +340,47 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
     // shared addresses of this lane's ldmatrix rows, see lane_offset_a/b
     const unsigned k_a = smem_addr(sK + warp * 16 * LD) + lane_offset_a(lane, LD);
     const unsigned v_a = smem_addr(sV + warp * 16 * LD) + lane_offset_a(lane, LD);
-    const unsigned q_b = smem_addr(sQ) + lane_offset_b(lane, LD), do_b = smem_addr(sdO) + lane_offset_b(lane, LD);
-    const unsigned q_t = smem_addr(sQ) + lane_offset_a(lane, LD), do_t = smem_addr(sdO) + lane_offset_a(lane, LD);
+    const unsigned q_b0 = smem_addr(sQ0) + lane_offset_b(lane, LD), do_b0 = smem_addr(sdO0) + lane_offset_b(lane, LD);
+    const unsigned q_t0 = smem_addr(sQ0) + lane_offset_a(lane, LD), do_t0 = smem_addr(sdO0) + lane_offset_a(lane, LD);
+    constexpr unsigned STAGE_BYTES = BWD_BM * ROW;  // one stage of sQ or sdO
     const int qrow0 = (warp & 1) * 16, dcol0 = (warp >> 1) * DQ_COLS;  // this warp's part of dQ
     const unsigned ds_t = smem_addr(sdS + qrow0) + lane_offset_b(lane, LDS);
     const unsigned k_t = smem_addr(sK + dcol0) + lane_offset_a(lane, LD);
 
-    for (int hh = 0; hh < group; ++hh) {
-        const int h = kvh * group + hh;
-        const scalar_t* qb = q + (long long)start * q_stride + h * D;
-        const scalar_t* dob = dout + ((long long)start * num_heads + h) * D;
-        for (int qt = first_tile; qt < num_q_tiles; ++qt) {
-            const int qs = qt * BWD_BM;
-            load_tile<BWD_BM, BWD_THREADS>(sQ, qb, q_stride, qs, len);
-            load_tile<BWD_BM, BWD_THREADS>(sdO, dob, (long long)num_heads * D, qs, len);
-            cp_async_commit();
-            if (threadIdx.x < BWD_BM) {
-                const int qq = qs + threadIdx.x;
-                const long long i = (long long)h * tokens + start + qq;
-                sLse[threadIdx.x] = qq < len ? lse[i] * LOG2E : __int_as_float(0x7f800000);  // +inf: P = 0
-                sDelta[threadIdx.x] = qq < len ? delta[i] : 0.0f;
-            }
-            cp_async_wait<0>();
-            __syncthreads();
-
+    // The (query head, query tile) pairs this block visits, in order; the next pair's Q, dO, lse and delta are
+    // requested (cp.async, second stage) before the current pair is used, so their latency hides behind its math.
+    const int tiles_per_head = num_q_tiles - first_tile;
+    const int num_steps = group * tiles_per_head;
+    auto request = [&](int step) {
+        const int h = kvh * group + step / tiles_per_head, qs = (first_tile + step % tiles_per_head) * BWD_BM;
+        const int stage = step & 1;
+        load_tile<BWD_BM, BWD_THREADS>(sQ0 + stage * BWD_BM * LD, q + (long long)start * q_stride + h * D, q_stride,
+                                       qs, len);
+        load_tile<BWD_BM, BWD_THREADS>(sdO0 + stage * BWD_BM * LD, dout + ((long long)start * num_heads + h) * D,
+                                       (long long)num_heads * D, qs, len);
+        if (threadIdx.x < 2 * BWD_BM) {  // lse then delta, one fp32 each; rows past len read as zeros
+            const int r = threadIdx.x % BWD_BM, valid = qs + r < len;
+            const long long row = (long long)h * tokens + start + (valid ? qs + r : 0);
+            const float* src = (threadIdx.x < BWD_BM ? lse : delta) + row;
+            float* dst = (threadIdx.x < BWD_BM ? sLse0 : sDelta0) + stage * BWD_BM + r;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                         "r"(valid ? 4 : 0));
+        }
+    };
+    if (num_steps > 0) request(0);
+    cp_async_commit();
+    for (int step = 0; step < num_steps; ++step) {
+        const int h = kvh * group + step / tiles_per_head, qs = (first_tile + step % tiles_per_head) * BWD_BM;
+        const int stage = step & 1;
+        if (step + 1 < num_steps) request(step + 1);
+        cp_async_commit();  // (empty at the last step: the wait below stays uniform)
+        cp_async_wait<1>();
+        __syncthreads();
+        const unsigned q_b = q_b0 + stage * STAGE_BYTES, do_b = do_b0 + stage * STAGE_BYTES;
+        const unsigned q_t = q_t0 + stage * STAGE_BYTES, do_t = do_t0 + stage * STAGE_BYTES;
+        const float* sLse = sLse0 + stage * BWD_BM;
+        const float* sDelta = sDelta0 + stage * BWD_BM;
+        {
             // S^T = K Q^T, then P^T (16 keys of this warp x BWD_BM queries)
             float p[BWD_BM / 8][4], dp[BWD_BM / 8][4];
 #pragma unroll
@@ -391,8 +409,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
                 for (int e = 0; e < 4; ++e) {
                     const int col = nt * 8 + 2 * t + (e & 1);
                     const int key = key_a + 8 * (e >> 1);
-                    const bool visible = qs + col >= key && key < len;
-                    const float pv = visible ? fast_exp2(p[nt][e] * scale_log2 - sLse[col]) : 0.0f;
+                    const bool visible = qs + col >= key && key < len && qs + col < len;
+                    const float pv = visible ? fast_exp2(p[nt][e] * scale_log2 - sLse[col] * LOG2E) : 0.0f;
                     p[nt][e] = pv;
                     dp[nt][e] = pv * (dp[nt][e] - sDelta[col]);  // dS^T (scale applied at the end)
                 }
