@@ -145,13 +145,18 @@ def main() -> None:
         case, nbytes = attention_case(rng, contexts, np.ones(len(contexts), np.int64))
         splits = num_splits(len(contexts), K, case[3].shape[1] * BLOCK)
         rows.append((name, gpu_ms(cuda.paged_attention, case), nbytes, f"{splits} splits"))
-    for ctas_per_sm in (2, 8, 16):  # the split heuristic's knob (default above: paged_attention._CTAS_PER_SM)
-        default, paged_attention._CTAS_PER_SM = paged_attention._CTAS_PER_SM, ctas_per_sm
-        for name in ("decode G1: 64 seqs x 640 ctx", "decode 1 seq x 32k ctx"):
+    knobs = ("_CTAS_PER_SM", "_UNSPLIT_CTAS_PER_SM")  # the split heuristic's (defaults: paged_attention.py)
+    defaults = [getattr(paged_attention, knob) for knob in knobs]
+    for ctas_per_sm in (2, 4, 8, 16):  # split to this many CTAs per SM whenever T x K gives fewer
+        for knob in knobs:
+            setattr(paged_attention, knob, ctas_per_sm)
+        for name in ("decode G1: 64 seqs x 640 ctx", "decode G1 ragged: 64 seqs x 128..1152",
+                     "decode 1 seq x 32k ctx"):
             case, nbytes = attention_case(rng, decode_cases[name], np.ones(len(decode_cases[name]), np.int64))
             rows.append((f"{name}, {ctas_per_sm} CTAs/SM", gpu_ms(cuda.paged_attention, case), nbytes,
                          f"{num_splits(len(decode_cases[name]), K, case[3].shape[1] * BLOCK)} splits"))
-        paged_attention._CTAS_PER_SM = default
+    for knob, default in zip(knobs, defaults):
+        setattr(paged_attention, knob, default)
     case, nbytes = attention_case(rng, np.full(64, 128), np.full(64, 128))
     rows.append(("prefill 64 seqs x 128 tokens (no prefix)", gpu_ms(cuda.paged_attention, case), nbytes,
                  "K/V re-read per query"))

@@ -27,7 +27,8 @@ from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, require
 
 _THREADS = 128
-_CTAS_PER_SM = 4  # measured on the H200: 4 beats 8 and 16 on G1 and on 1 sequence x 32k
+_CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
+_UNSPLIT_CTAS_PER_SM = 2  # no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2
 _MIN_SPLIT_TOKENS = 128
 _num_sms: dict[int, int] = {}
 
@@ -48,11 +49,13 @@ def _supported(head_dim: int, group: int, cache_dtype) -> bool:
 
 
 def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
-    """Parts per query token: fill the GPU when T x K alone does not, never parts under _MIN_SPLIT_TOKENS."""
-    target = _CTAS_PER_SM * _sm_count()
+    """Parts per query token: fill the GPU when T x K alone does not, never parts under _MIN_SPLIT_TOKENS.
+    A split costs a combine pass and a second wave of short CTAs, so T x K of a couple of CTAs per SM stays
+    whole (bench/RESULTS.md, session 4)."""
     work = num_tokens * num_kv_heads
-    if work >= target:
+    if work >= _UNSPLIT_CTAS_PER_SM * _sm_count():
         return 1
+    target = _CTAS_PER_SM * _sm_count()
     return max(1, min(math.ceil(target / work), math.ceil(max_context / _MIN_SPLIT_TOKENS)))
 
 
