@@ -6,8 +6,8 @@ import ctypes
 from test_linear import SPLIT_K_SHAPES
 
 from barerl.engine.device_memory import _AccessDesc, _AllocationProp
-from barerl.kernels.cublaslt import HeuristicResult, _tuning_key, alignment
 from barerl.kernels import paged_attention
+from barerl.kernels.cublaslt import HeuristicResult, _tuning_key, alignment
 from barerl.kernels.linear import split_k_parts
 
 
