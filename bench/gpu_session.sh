@@ -75,7 +75,8 @@ parity() {  # parity TASK MODEL SYSTEM [OUT_SUFFIX EXTRA_ARGS...]: 3 seeds, metr
       | grep -E "seed|Error|error" | tail -5
   done
   rm -rf "$out"/*/checkpoint-* "$out"/*/*.safetensors
-  tar -czf "$out.tgz" -C "$OUT" "$(basename "$out")" && rm -rf "$out"  # a call brings back few files: pack them
+  # a call brings back few files: pack them, one archive per system (both systems share $out)
+  tar -czf "$out-$system.tgz" -C "$OUT" "$(basename "$out")" && rm -rf "$out"
 }
 stage_parity_demo_barerl() { parity demo .parity/demo_sft barerl; }
 stage_parity_demo_trl() { parity demo .parity/demo_sft trl; }
