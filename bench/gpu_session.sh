@@ -5,7 +5,7 @@
 # Stages: tests (model-level GPU tests, AdamW kernels), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen
 # (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), gemm (linear layers: GemmEx vs cuBLASLt), profile (GPU time per op of a decode step),
 # profile_train (time per op of a T1 micro-batch), demo (`barerl demo` on the GPU), reward
-# parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint), parity_demo_barerl,
+# parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint; or _barerl / _trl alone), parity_demo_barerl,
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
 # (models in .parity).
 # Extra arguments: TESTS (pytest paths for stage tests, e.g. TESTS=tests for every GPU test), R1_ARGS
@@ -85,10 +85,11 @@ demo_gpu_model() {  # the GPU demo's SFT checkpoint (head_dim 64: the attention 
     python3 -m barerl.cli demo --device cuda --output_dir /tmp/demo_gpu > "$OUT/demo_gpu.log" 2>&1
 }
 # Both systems in one list: the same checkpoint, made once. The GPU demo trains GRPO at lr 1e-4.
-stage_parity_demogpu() {
-  demo_gpu_model && parity demo /tmp/demo_gpu/sft/checkpoint-300 barerl _gpu_model --learning_rate 1e-4 &&
-    parity demo /tmp/demo_gpu/sft/checkpoint-300 trl _gpu_model --learning_rate 1e-4
+stage_parity_demogpu_barerl() {
+  demo_gpu_model && parity demo /tmp/demo_gpu/sft/checkpoint-300 barerl _gpu_model --learning_rate 1e-4
 }
+stage_parity_demogpu_trl() { demo_gpu_model && parity demo /tmp/demo_gpu/sft/checkpoint-300 trl _gpu_model --learning_rate 1e-4; }
+stage_parity_demogpu() { stage_parity_demogpu_barerl && stage_parity_demogpu_trl; }
 smol_model() {  # SmolLM2 travels as a GGUF in two parts (over one call's size limit); a HF folder both load
   [ -d /tmp/smol ] && return
   cat .parity/smol.gguf.part_a .parity/smol.gguf.part_b > /tmp/smol.gguf &&
