@@ -43,7 +43,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
     return [zlib.crc32(c.encode()) % 100 / 100 for c in completions]
 
 
-def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8) -> dict:
+def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -66,7 +66,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8) -> d
         gradient_accumulation_steps=4, max_prompt_length=prompt_len, max_completion_length=new_tokens,
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         max_tokens_per_microbatch=16 * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
-        log_completions_steps=0, seed=0, shuffle_dataset=False,
+        log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer,
     )
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
@@ -77,7 +77,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8) -> d
         records = [json.loads(line) for line in f]
     timed = records[1:] or records
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
-    result = {"system": "barerl", "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
+    system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "")
+    result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
               "mismatch_max": max(r["mismatch/max"] for r in timed)}
     if device == "cuda":  # the trainer's own reading: CuPy's pool + the engine's KV cache and graph pool
@@ -91,10 +92,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences (CPU smoke test)")
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--num-scheduler-steps", type=int, default=8, help="engine decode steps per graph launch")
+    parser.add_argument("--offload-optimizer", action="store_true",
+                        help="GRPO's offload_optimizer: the fp32 state in host memory while generating")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps)
-    print(f"R1 barerl: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, score {r['time/score']:.3f}, "
+    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer)
+    print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
           f"engine/trainer mismatch max {r['mismatch_max']:.2e}"
           + (f", peak {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""))

@@ -83,6 +83,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 batch_rows = [rows[i] for i in sampler.take(num_prompts)]
                 return generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner, round_index)
 
+            if cfg.offload_optimizer:  # the state comes back for the step (AdamW.restore)
+                run.optimizer.offload()
             rollouts = sample(0)
             rollout_metrics = _rollout_metrics(rollouts, cfg)
             if cfg.dynamic_sampling:

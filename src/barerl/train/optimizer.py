@@ -16,6 +16,10 @@ Design:
   learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
+- `offload()` (GRPO's `offload_optimizer`) moves the fp32 state to (pinned) host memory and drops the
+  gradient buffer, which is all zeros between a step and the next backward, so that the engine's KV cache
+  can use that memory while it generates. The gradients come back as zeros when a backward first asks for
+  them, the state just before the next step (or a state_dict / load): results do not change.
 """
 
 from __future__ import annotations
@@ -57,8 +61,11 @@ class AdamW:
         self.master = ParameterBuffer(cfg, master_flat)
         self.exp_avg = ParameterBuffer.zeros(cfg, xp, np.float32)
         self.exp_avg_sq = ParameterBuffer.zeros(cfg, xp, np.float32)
-        self.grads = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self._grads: ParameterBuffer | None = ParameterBuffer.zeros(cfg, xp, np.float32)
         self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
+        self.xp = xp
+        self.offloaded = False
+        self._host: dict[str, np.ndarray] = {}  # offload's host buffers, kept for the next offload
 
     @classmethod
     def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
@@ -75,8 +82,46 @@ class AdamW:
                 mask[offset : offset + math.prod(shape)] = 0
         return xp.asarray(mask)
 
+    @property
+    def grads(self) -> ParameterBuffer:
+        """The fp32 gradient buffer backward passes accumulate into (zeros again after an offload)."""
+        if self._grads is None:
+            self._grads = ParameterBuffer.zeros(self.params.cfg, self.xp, np.float32)
+        return self._grads
+
     def zero_grad(self) -> None:
-        self.grads.flat.fill(0)
+        if self._grads is not None:
+            self._grads.flat.fill(0)
+
+    def _offloadable(self) -> tuple[str, ...]:
+        return ARRAY_KEYS[1:] if self.shares_master else ARRAY_KEYS  # a shared master is the model itself
+
+    def offload(self) -> None:
+        """Master weights (unless shared) and moments to host memory, the gradient buffer dropped."""
+        if self.offloaded:
+            return
+        for key in self._offloadable():
+            device = getattr(self, key).flat
+            if key not in self._host:
+                self._host[key] = _host_buffer(self.xp, device.shape)
+            if self.xp is np:
+                self._host[key][...] = device
+            else:
+                device.get(out=self._host[key])
+            setattr(self, key, ParameterBuffer(self.params.cfg, self._host[key]))
+        self._grads = None
+        self.offloaded = True
+        _release_cached_device_memory(self.xp)
+
+    def restore(self) -> None:
+        """The offloaded state back on the device (the step, state_dict and load_state_dict call this)."""
+        if not self.offloaded:
+            return
+        _release_cached_device_memory(self.xp)  # freed activations first: the state takes their place
+        for key in self._offloadable():
+            host = getattr(self, key).flat
+            setattr(self, key, ParameterBuffer(self.params.cfg, host.copy() if self.xp is np else self.xp.asarray(host)))
+        self.offloaded = False
 
     def step(self, lr: float, grad_scale: float = 1.0) -> dict:
         """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
@@ -84,6 +129,7 @@ class AdamW:
         Returns metrics: grad_norm (of grad * grad_scale, before clipping), clipped (1.0 if clipping
         scaled the update down), skipped (1.0 if the norm was not finite and nothing was updated), lr.
         """
+        self.restore()
         norm = self.backend.grad_norm(self.grads.flat) * abs(grad_scale)
         metrics = {"grad_norm": norm, "clipped": 0.0, "skipped": 0.0, "lr": lr}
         if not math.isfinite(norm):
@@ -109,6 +155,7 @@ class AdamW:
 
     def state_dict(self) -> dict:
         """{"step": int, "hyperparameters": dict, "arrays": {name: flat fp32 array (NumPy or CuPy)}}."""
+        self.restore()
         arrays = {"master": self.master.flat, "exp_avg": self.exp_avg.flat, "exp_avg_sq": self.exp_avg_sq.flat}
         return {"step": self.step_count, "hyperparameters": self.hyperparameters(), "arrays": arrays}
 
@@ -118,6 +165,7 @@ class AdamW:
         Hyperparameters are not taken from the state: the run's config decides them (a resumed run may
         change e.g. weight decay on purpose).
         """
+        self.restore()
         arrays = state["arrays"]
         missing = [k for k in ARRAY_KEYS if k not in arrays]
         if missing:
@@ -138,3 +186,19 @@ class AdamW:
             self.params.flat[...] = stochastic_round_bfloat16(self.master.flat, self.rounding_seed, self.step_count)
         else:
             self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)
+
+
+def _host_buffer(xp, shape) -> np.ndarray:
+    """Page-locked host memory for a CuPy array's copy (transfers at the link's full rate), else plain."""
+    if xp is np:
+        return np.empty(shape, np.float32)
+    import cupyx
+
+    return cupyx.empty_pinned(shape, np.float32)
+
+
+def _release_cached_device_memory(xp) -> None:
+    """CuPy's pool keeps freed blocks for reuse; give them back, so memory outside the pool (the engine's
+    KV cache) can take their place."""
+    if xp is not np:
+        xp.get_default_memory_pool().free_all_blocks()
