@@ -16,6 +16,7 @@ bf16/fp16/fp32. `beta=1` with an fp32 `out` is how weight gradients accumulate.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 
@@ -32,6 +33,7 @@ class CublasError(RuntimeError):
     pass
 
 
+@functools.cache
 def load_library(stem: str = "cublas") -> ctypes.CDLL:
     """lib{stem} (libcublas, libcublasLt): the one CuPy already loaded if any, else the pip wheel's or the
     toolkit's."""
@@ -63,7 +65,7 @@ class _Handle:
 
         self.lib = lib
         self.handle = ctypes.c_void_p()
-        _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
+        check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
         self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
         self.stream = None
 
@@ -72,8 +74,8 @@ class _Handle:
 
         stream = cupy.cuda.get_current_stream().ptr
         if stream != self.stream:
-            _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
-            _check(
+            check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
+            check(
                 self.lib.cublasSetWorkspace_v2(
                     self.handle, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)
                 ),
@@ -82,36 +84,37 @@ class _Handle:
             self.stream = stream
 
 
-def _check(status: int, what: str) -> None:
+def check(status: int, what: str) -> None:
     if status != 0:
         raise CublasError(f"{what} returned cuBLAS status {status}")
 
 
-_lib: ctypes.CDLL | None = None
+def on_current_device(cache: dict, make):
+    """cache[current device id], made by make() on the device's first use (a handle and its workspace)."""
+    import cupy
+
+    device = cupy.cuda.Device().id
+    if device not in cache:
+        cache[device] = make()
+    return cache[device]
+
+
 _handles: dict[int, _Handle] = {}
 
 
 def _handle() -> _Handle:
-    global _lib
-    import cupy
-
-    device = cupy.cuda.Device().id
-    if device not in _handles:
-        if _lib is None:
-            _lib = load_library()
-        _handles[device] = _Handle(_lib)
-    handle = _handles[device]
+    handle = on_current_device(_handles, lambda: _Handle(load_library()))
     handle.bind()
     return handle
 
 
-def _matrix(x, name: str) -> tuple[int, int, int]:
+def matrix_layout(x, name: str) -> tuple[int, int, int]:
     """(rows, cols, leading dimension in elements) of a 2-D array whose last axis is contiguous."""
     if x.ndim != 2:
-        raise ValueError(f"gemm: {name} must be 2-D, got shape {x.shape}")
+        raise ValueError(f"matrix product: {name} must be 2-D, got shape {x.shape}")
     item = x.dtype.itemsize
     if x.strides[1] != item and x.shape[1] > 1:
-        raise ValueError(f"gemm: {name}'s last axis must be contiguous (strides {x.strides})")
+        raise ValueError(f"matrix product: {name}'s last axis must be contiguous (strides {x.strides})")
     ld = x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
     return x.shape[0], x.shape[1], max(ld, x.shape[1], 1)
 
@@ -144,9 +147,9 @@ def _gemm(a, b, out, transa, transb, alpha, beta, batch=None):
     strided-batched one over the same shapes."""
     if a.dtype != b.dtype:
         raise TypeError(f"gemm: a and b must share a dtype, got {a.dtype} and {b.dtype}")
-    ra, ca, lda = _matrix(a, "a")
-    rb, cb, ldb = _matrix(b, "b")
-    rc, cc, ldc = _matrix(out, "out")
+    ra, ca, lda = matrix_layout(a, "a")
+    rb, cb, ldb = matrix_layout(b, "b")
+    rc, cc, ldc = matrix_layout(out, "out")
     m, k = (ca, ra) if transa else (ra, ca)
     k2, n = (cb, rb) if transb else (rb, cb)
     if k != k2 or (rc, cc) != (m, n):
@@ -168,5 +171,5 @@ def _gemm(a, b, out, transa, transb, alpha, beta, batch=None):
         status = h.lib.cublasGemmStridedBatchedEx(*head, *b_arg, stride_b, *a_arg, stride_a, *out_arg, stride_out,
                                                   ctypes.c_int(batch[0]), _COMPUTE_32F, _GEMM_DEFAULT)
         what = f"cublasGemmStridedBatchedEx(batch={batch[0]})"
-    _check(status, f"{what}(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
+    check(status, f"{what}(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
     return out

@@ -27,7 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from barerl.kernels.build import CACHE_DIR
-from barerl.kernels.cublas import _CUDA_DTYPE, CublasError, load_library
+from barerl.kernels.cublas import (
+    _CUDA_DTYPE,
+    CublasError,
+    check,
+    load_library,
+    matrix_layout,
+    on_current_device,
+)
 
 _COMPUTE_32F, _SCALE_32F = 68, 0
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
@@ -72,13 +79,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise CublasError(f"{what} returned cuBLAS status {status}")
-
-
 def _set(setter, obj, attribute: int, value: ctypes._SimpleCData) -> None:
-    _check(setter(obj, attribute, ctypes.byref(value), ctypes.sizeof(value)), setter.__name__)
+    check(setter(obj, attribute, ctypes.byref(value), ctypes.sizeof(value)), setter.__name__)
 
 
 @dataclass
@@ -86,7 +88,7 @@ class _Plan:
     desc: ctypes.c_void_p
     layouts: tuple  # A, B, C, D of the column-major product
     candidates: list  # HeuristicResult, the heuristic's order
-    tuning_key: str  # the shape class: rows rounded up to a power of two
+    tuning_key: str  # the shape class: M, N and K rounded up to powers of two
     chosen: object = None  # the algorithm in use once tuned (HeuristicResult)
 
 
@@ -98,7 +100,7 @@ class _Lt:
 
         self.lib = lib
         self.handle = ctypes.c_void_p()
-        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
         self.plans: dict[tuple, _Plan] = {}
         name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
@@ -107,7 +109,7 @@ class _Lt:
 
     def _layout(self, dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         layout = ctypes.c_void_p()
-        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _CUDA_DTYPE[dtype.name], rows, cols, ld),
+        check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _CUDA_DTYPE[dtype.name], rows, cols, ld),
                "cublasLtMatrixLayoutCreate")
         return layout
 
@@ -148,7 +150,7 @@ class _Lt:
         (rows_a, cols_a, ld_a), (rows_b, cols_b, ld_b), (m, n, ld_c, ld_d) = shapes
         in_type, c_type = dtypes
         desc = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _SCALE_32F), "cublasLtMatmulDescCreate")
+        check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _SCALE_32F), "cublasLtMatmulDescCreate")
         _set(lib.cublasLtMatmulDescSetAttribute, desc, _DESC_TRANSA, ctypes.c_int32(int(trans_a)))
         _set(lib.cublasLtMatmulDescSetAttribute, desc, _DESC_TRANSB, ctypes.c_int32(int(trans_b)))
         epilogue = _EPILOGUE_BIAS if has_bias else _EPILOGUE_DEFAULT
@@ -157,13 +159,13 @@ class _Lt:
         layouts = (self._layout(in_type, cols_a, rows_a, ld_a), self._layout(in_type, cols_b, rows_b, ld_b),
                    self._layout(c_type, n, m, ld_c), self._layout(c_type, n, m, ld_d))
         pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(_WORKSPACE_BYTES))
         for attribute, alignment in zip(_PREF_MIN_ALIGNMENT, alignments):
             _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, attribute, ctypes.c_uint32(alignment))
         results = (HeuristicResult * CANDIDATES)()
         found = ctypes.c_int()
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, pref, CANDIDATES, results,
+        check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, pref, CANDIDATES, results,
                                                   ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
         candidates = [results[i] for i in range(found.value) if results[i].state == 0]
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
@@ -205,31 +207,11 @@ def _write_json(path, data: dict) -> None:
         pass
 
 
-_lib: ctypes.CDLL | None = None
 _per_device: dict[int, _Lt] = {}
 
 
 def _lt() -> _Lt:
-    global _lib
-    import cupy
-
-    device = cupy.cuda.Device().id
-    if device not in _per_device:
-        if _lib is None:
-            _lib = _declare(load_library("cublasLt"))
-        _per_device[device] = _Lt(_lib)
-    return _per_device[device]
-
-
-def _matrix(x, name: str) -> tuple[int, int, int]:
-    """(rows, cols, leading dimension in elements) of a 2-D array whose last axis is contiguous."""
-    if x.ndim != 2:
-        raise ValueError(f"matmul: {name} must be 2-D, got shape {x.shape}")
-    item = x.dtype.itemsize
-    if x.strides[1] != item and x.shape[1] > 1:
-        raise ValueError(f"matmul: {name}'s last axis must be contiguous (strides {x.strides})")
-    ld = x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
-    return x.shape[0], x.shape[1], max(ld, x.shape[1], 1)
+    return on_current_device(_per_device, lambda: _Lt(_declare(load_library("cublasLt"))))
 
 
 def alignment(address: int) -> int:
@@ -248,10 +230,10 @@ def _plan_for(a, b, out, transa, transb, c, bias):
     c = out if c is None else c
     if c.dtype != out.dtype or c.shape != out.shape:
         raise ValueError(f"matmul: c {c.shape} {c.dtype} must match out {out.shape} {out.dtype}")
-    ra, ca, lda = _matrix(a, "a")
-    rb, cb, ldb = _matrix(b, "b")
-    rc, cc, ldc = _matrix(c, "c")
-    _, _, ldd = _matrix(out, "out")
+    ra, ca, lda = matrix_layout(a, "a")
+    rb, cb, ldb = matrix_layout(b, "b")
+    rc, cc, ldc = matrix_layout(c, "c")
+    _, _, ldd = matrix_layout(out, "out")
     m, k = (ca, ra) if transa else (ra, ca)
     k2, n = (cb, rb) if transb else (rb, cb)
     if k != k2 or (rc, cc) != (m, n):
@@ -292,7 +274,7 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
             ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
             _WORKSPACE_BYTES, ctypes.c_void_p(stream.ptr),
         )
-        _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
+        check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
 
     scratch = []  # the tuning's D, and its C when C is out (garbage costs the same time): out stays untouched
 
