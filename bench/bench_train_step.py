@@ -47,13 +47,14 @@ def training_flops(cfg: dict, num_params: int, seqs: int, seqlen: int) -> float:
     return 6 * num_params * tokens + attention * seqs
 
 
-def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int) -> dict:
+def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int, keep=("attention",)) -> dict:
     import cupy as cp
 
     from barerl.config import ModelConfig
     from barerl.model.model import Model, PackedBatch
     from barerl.train.optimizer import AdamW
 
+    cp.get_default_memory_pool().free_all_blocks()  # a variant's peak is its own: not the last one's cache
     cfg = ModelConfig.from_dict(cfg_dict, source="Qwen3-0.6B shape")
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     optimizer = AdamW(model.params, model.backend, weight_decay=0.0, max_grad_norm=1.0)
@@ -69,7 +70,8 @@ def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: in
     def step() -> dict:
         t0 = time.perf_counter()
         optimizer.zero_grad()
-        loss = sum(model.forward_backward(b, loss_fn, optimizer.grads, checkpoint=True)[0] for b in batches)
+        loss = sum(model.forward_backward(b, loss_fn, optimizer.grads, checkpoint=True, keep_ops=keep)[0]
+                   for b in batches)
         cp.cuda.Device().synchronize()
         t1 = time.perf_counter()
         optimizer.step(1e-5)
@@ -127,22 +129,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="8 sequences, 1 repeat (a smoke test)")
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--keep", nargs="+", default=["attention"], metavar="OPS",
+                        help="ops kept through recomputation, comma-separated; several sets: one barerl row each "
+                             "(the first is the row named barerl)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     seqs, seqlen, micro, repeats = (8, 1152, 8, 1) if args.quick else (64, 1152, 16, 3)
     import cupy as cp
 
     rate = matmul_rate(cp)
-    ours = bench_barerl(QWEN3_06B, seqs, seqlen, micro, repeats)
+    variants = []
+    for i, keep in enumerate(args.keep):
+        variants.append(bench_barerl(QWEN3_06B, seqs, seqlen, micro, repeats, tuple(filter(None, keep.split(",")))))
+        if i:
+            variants[-1]["system"] = f"barerl, keeps {keep}"
+    ours = variants[0]
     flops = training_flops(QWEN3_06B, ours["num_params"], seqs, seqlen)
-    rows = [ours] + ([] if args.skip_torch else [bench_torch(QWEN3_06B, seqs, seqlen, micro, repeats)])
+    rows = variants + ([] if args.skip_torch else [bench_torch(QWEN3_06B, seqs, seqlen, micro, repeats)])
     print(f"T1: {seqs} x {seqlen} tokens, Qwen3-0.6B shape, bf16 matmul ceiling {rate:.0f} TFLOP/s")
-    print(f"{'system':<20}{'step s':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}")
+    print(f"{'system':<32}{'step s':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}")
     for r in rows:
         r["tokens_per_s"] = seqs * seqlen / r["step_s"]
         r["tflops"] = flops / r["step_s"] / 1e12
         r["mfu"] = r["tflops"] / rate
-        print(f"{r['system']:<20}{r['step_s']:>9.3f}{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
+        print(f"{r['system']:<32}{r['step_s']:>9.3f}{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
               f"{r['mfu']:>7.1%}{r['peak_gib']:>10.1f}")
     print(f"barerl phases: forward (no-grad pass) {ours['forward_s']:.3f}s, forward+backward "
           f"{ours['fwd_bwd_s']:.3f}s, optimizer {ours['optimizer_s']:.3f}s")

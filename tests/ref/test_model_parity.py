@@ -7,6 +7,7 @@ import torch
 
 from barerl.config import ModelConfig
 from barerl.model.model import Model, PackedBatch
+from barerl.model.recompute import RECOMPUTABLE
 from barerl.model.weights import ParameterBuffer
 
 transformers = pytest.importorskip("transformers")
@@ -135,11 +136,39 @@ def test_packed_batch_equals_each_sequence_alone():
     np.testing.assert_allclose(packed, alone, rtol=1e-5, atol=1e-6)
 
 
-def test_checkpointed_and_plain_backward_agree():
+@pytest.mark.parametrize("keep", [(), ("attention",), ("linear", "swiglu"), RECOMPUTABLE], ids=str)
+def test_checkpointed_and_plain_backward_agree(keep):
+    """Whatever checkpointing keeps through the forward pass, the gradients are the plain backward's, and the
+    recomputation calls only the ops it did not keep."""
+    from collections import Counter
+
     _, model = build_pair("qwen2")
     seqs = sequences(np.random.default_rng(4), [9, 17], model.cfg.vocab_size)
     batch, mask = PackedBatch.from_sequences(seqs), last_token_mask(seqs)
     g_plain, g_ckpt = model.zeros_like_params(), model.zeros_like_params()
     model.forward_backward(batch, mean_ce_loss(mask), g_plain, checkpoint=False)
-    model.forward_backward(batch, mean_ce_loss(mask), g_ckpt, checkpoint=True)
+    calls, backend = Counter(), model.backend
+
+    class CountingOps:
+        def __getattr__(self, name):
+            calls[name] += 1
+            return getattr(backend, name)
+
+    model.backend = CountingOps()
+    try:
+        model.forward_backward(batch, mean_ce_loss(mask), g_ckpt, checkpoint=True, keep_ops=keep)
+    finally:
+        model.backend = backend
     np.testing.assert_array_equal(g_plain.flat, g_ckpt.flat)
+    layers = model.cfg.num_hidden_layers
+    per_layer = {"attention": 1, "linear": 4, "swiglu": 1}  # a layer's forward calls of these ops
+    for op, n in per_layer.items():
+        assert calls[op] == n * layers * (1 if op in keep else 2), op
+
+
+def test_unknown_ops_to_keep_are_rejected():
+    _, model = build_pair("qwen2")
+    seqs = sequences(np.random.default_rng(4), [9], model.cfg.vocab_size)
+    with pytest.raises(ValueError, match="mlp"):
+        model.forward_backward(PackedBatch.from_sequences(seqs), mean_ce_loss(last_token_mask(seqs)),
+                               model.zeros_like_params(), keep_ops=("mlp",))

@@ -6,9 +6,9 @@ Design:
 - The engine and the trainer share `self.params`: the optimizer writes the working weights in place and the
   next generation reads them. Nothing is copied or synced.
 - Training runs over packed sequences (cu_seqlens, positions); the LM head is chunked inside the ops, so
-  no (tokens, vocab) fp32 matrix exists. Gradient checkpointing keeps each layer's input and its attention
-  output (o and lse) and recomputes the rest of the layer during backward: attention is the costliest op
-  to recompute per byte kept (a T1 micro-batch: 13 ms of 249), the matrix products are cheap to redo.
+  no (tokens, vocab) fp32 matrix exists. Gradient checkpointing keeps each layer's input and the outputs of
+  the ops named in `keep` (default: attention, the costliest to redo per byte kept; see model/recompute.py)
+  and recomputes the rest of the layer during backward.
 - Training losses are the caller's: `forward_backward` hands the per-token log-probs to a loss function
   that returns (loss, d loss / d log-probs, metrics), and backpropagates from there.
 """
@@ -27,6 +27,7 @@ from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
 from barerl.model.checkpoint import load_checkpoint, resolve_dtype
 from barerl.model.forward import RopeContext, layer_forward
+from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
 from barerl.model.weights import ParameterBuffer, parameter_shapes
 
@@ -38,7 +39,7 @@ class ForwardState:
     x_final: object  # (T, C) residual stream after the last layer
     rstd_final: object  # (T,) of the final norm
     layer_inputs: list  # each layer's input (T, C): checkpointing keeps these
-    attention: list  # each layer's attention (o, lse): checkpointing keeps these too
+    kept: list  # each layer's outputs of the ops kept through recomputation (RecordingOps.outputs)
     saved: list  # each layer's LayerActivations, or None where recomputed in backward
     rope: RopeContext
     cu_seqlens: object
@@ -149,30 +150,28 @@ class Model:
         xp = self.xp
         return xp.asarray(batch.input_ids), xp.asarray(batch.targets), xp.asarray(batch.cu_seqlens)
 
-    def _attend_packed(self, cu_seqlens):
-        return lambda q, k, v: self.backend.attention(q, k, v, cu_seqlens, self.attention_scale)
+    def _attend_packed(self, ops, cu_seqlens):
+        return lambda q, k, v: ops.attention(q, k, v, cu_seqlens, self.attention_scale)
 
-    def hidden_states(self, batch: PackedBatch, keep: bool = False, checkpoint: bool = True):
-        """Final-normed hidden states (T, C) and what backward needs."""
+    def hidden_states(self, batch: PackedBatch, keep: bool = False, checkpoint: bool = True,
+                      keep_ops=DEFAULT_KEEP):
+        """Final-normed hidden states (T, C) and what backward needs (keep=True): everything, or under
+        checkpointing each layer's input and the outputs of the ops in `keep_ops`."""
         ops, p, cfg = self.backend, self.params, self.cfg
         ids, _, cu = self._packed_inputs(batch)
         rope = self._rope(batch.positions)
-        attend = self._attend_packed(cu)
         x = ops.embedding(ids, p.embed)
-        layer_inputs, attention, saved = [], [], []
-
-        def attend_and_keep(q, k, v):
-            attention.append(attend(q, k, v))
-            return attention[-1]
-
+        layer_inputs, kept, saved = [], [], []
         for w in p.layers:
             if keep:  # recomputation starts from these; a forward with no backward needs none
                 layer_inputs.append(x)
-            x, acts = layer_forward(ops, cfg, w, x, rope, attend_and_keep if keep else attend,
+            layer_ops = RecordingOps(ops, keep_ops) if keep and checkpoint else ops
+            x, acts = layer_forward(layer_ops, cfg, w, x, rope, self._attend_packed(layer_ops, cu),
                                     keep=keep and not checkpoint)
             saved.append(acts)
+            kept.append(layer_ops.outputs if layer_ops is not ops else None)
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
-        return h, ForwardState(x, rstd, layer_inputs, attention, saved, rope, cu)
+        return h, ForwardState(x, rstd, layer_inputs, kept, saved, rope, cu)
 
     def logprobs(self, batch: PackedBatch, sampling: SamplingFilter | float = 1.0):
         """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient.
@@ -197,15 +196,16 @@ class Model:
 
     def forward_backward(
         self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter | float = 1.0,
-        checkpoint: bool = True,
+        checkpoint: bool = True, keep_ops=DEFAULT_KEEP,
     ) -> tuple[float, dict]:
         """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
 
         Gradients accumulate into `grads` (zero it once per optimizer step), so micro-batches add up.
+        `checkpoint`: recompute each layer in backward, but for the outputs of the ops in `keep_ops`.
         """
         ops, p, cfg = self.backend, self.params, self.cfg
         f = _as_filter(sampling)
-        h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint)
+        h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops)
         targets = self.xp.asarray(batch.targets)
         logp, lse, entropy = self._head_logprobs(h, targets, f)
         loss, dlogp, metrics = loss_fn(logp, entropy)
@@ -214,14 +214,12 @@ class Model:
         rope, cu = fwd.rope, fwd.cu_seqlens
         for i in reversed(range(cfg.num_hidden_layers)):
             acts = fwd.saved[i]
-            if acts is None:  # checkpointed: recompute this layer from its input, all but its attention
-
-                def kept_attention(q, k, v, o_lse=fwd.attention[i]):
-                    return o_lse
-
-                _, acts = layer_forward(ops, cfg, p.layers[i], fwd.layer_inputs[i], rope, kept_attention, keep=True)
+            if acts is None:  # checkpointed: recompute this layer from its input and its kept outputs
+                replay = ReplayingOps(ops, keep_ops, fwd.kept[i])
+                _, acts = layer_forward(replay, cfg, p.layers[i], fwd.layer_inputs[i], rope,
+                                        self._attend_packed(replay, cu), keep=True)
             dx = layer_backward(ops, cfg, p.layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
-            fwd.saved[i] = fwd.layer_inputs[i] = fwd.attention[i] = None  # free as we go
+            fwd.saved[i] = fwd.layer_inputs[i] = fwd.kept[i] = None  # free as we go
         ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
         return loss, metrics
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from barerl.config import ConfigError
+from barerl.model.recompute import DEFAULT_KEEP, RECOMPUTABLE
 
 T = typing.TypeVar("T", bound="TrainConfig")
 
@@ -81,6 +82,10 @@ class TrainConfig:
         8192, "Token budget of one packed forward/backward pass: larger batches are split and their "
         "gradients accumulated (the result does not change). None: one pass per batch.", min=1)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    gradient_checkpointing_keep: tuple[str, ...] = opt(
+        DEFAULT_KEEP, "With gradient_checkpointing: ops whose outputs are kept through the forward pass rather "
+        "than recomputed, comma-separated (attention, linear, qk_norm_rope, swiglu, rmsnorm): each one kept "
+        "makes backward faster and takes more memory.", choices=RECOMPUTABLE)
     # Logging, evaluation, checkpoints
     logging_steps: int = opt(1, "Log metrics (progress bar, TensorBoard, W&B) every N steps; metrics.jsonl "
                              "gets every logged step.", min=1)

@@ -197,7 +197,8 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
             )
 
         part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
-                                               checkpoint=cfg.gradient_checkpointing)
+                                               checkpoint=cfg.gradient_checkpointing,
+                                               keep_ops=cfg.gradient_checkpointing_keep)
         loss += part
         share = tb.batch.num_loss_tokens / num_items
         for key, value in metrics.items():

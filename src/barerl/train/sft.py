@@ -99,6 +99,7 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
             part, _ = model.forward_backward(
                 batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
                 run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
+                keep_ops=cfg.gradient_checkpointing_keep,
             )
             loss += part
         metrics = run.optimizer_step()
