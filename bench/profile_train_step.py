@@ -6,7 +6,7 @@ On the GPU each op is bracketed by CUDA events on the stream: a training op is l
 up), so the host's launch time hides behind the GPU's queue and the events measure GPU time. On the CPU
 (`--quick`: a tiny model) the same table times the reference ops with the wall clock.
 
-    PYTHONPATH=src python bench/profile_train_step.py [--quick] [--seqs 16] [--seqlen 1152]
+    PYTHONPATH=src python bench/profile_train_step.py [--quick] [--seqs 16] [--seqlen 1152] [--keep attention,linear]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU (smoke test)")
     parser.add_argument("--seqs", type=int, default=16)
     parser.add_argument("--seqlen", type=int, default=1152)
+    parser.add_argument("--keep", default="attention", help="ops kept through recomputation, comma-separated")
     args = parser.parse_args()
     if args.seqs < 1 or args.seqlen < 2:
         parser.error(f"--seqs must be >= 1 and --seqlen >= 2 (a target per token), got {args.seqs}, {args.seqlen}")
@@ -124,7 +125,7 @@ def main() -> None:
 
     def micro_batch() -> float:
         start = time.perf_counter()
-        model.forward_backward(batch, loss_fn, grads, checkpoint=True)
+        model.forward_backward(batch, loss_fn, grads, checkpoint=True, keep_ops=tuple(filter(None, args.keep.split(","))))
         if gpu:
             import cupy
 
