@@ -80,7 +80,9 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
-              "mismatch_max": max(r["mismatch/max"] for r in timed)}
+              "mismatch_max": max(r["mismatch/max"] for r in timed),
+              **{f"mismatch_{key}": float(np.median([r[f"mismatch/{key}"] for r in timed]))
+                 for key in ("mean", "p99", "kl")}}
     if device == "cuda":  # the trainer's own reading: CuPy's pool + the engine's KV cache and graph pool
         result["peak_gib"] = max(r["memory/gpu_gib"] for r in records)
     return result
@@ -99,7 +101,8 @@ def main() -> None:
     r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer)
     print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
-          f"engine/trainer mismatch max {r['mismatch_max']:.2e}"
+          f"engine/trainer log-prob mismatch max {r['mismatch_max']:.2e}, mean {r['mismatch_mean']:.2e}, "
+          f"p99 {r['mismatch_p99']:.2e}, KL {r['mismatch_kl']:.1e}"
           + (f", peak {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""))
     if args.json:
         with open(args.json, "w") as f:
