@@ -99,7 +99,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer)
-    print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, score {r['time/score']:.3f}, "
+    print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, "
+          f"score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
           f"engine/trainer log-prob mismatch max {r['mismatch_max']:.2e}, mean {r['mismatch_mean']:.2e}, "
           f"p99 {r['mismatch_p99']:.2e}, KL {r['mismatch_kl']:.1e}"

@@ -110,6 +110,7 @@ def main() -> None:
     from barerl.train.optimizer import AdamW
 
     gpu = not args.quick
+    keep = tuple(filter(None, args.keep.split(",")))
     cfg_dict = {**QWEN3_06B, **(TINY if args.quick else {})}
     seqs, seqlen = (4, 64) if args.quick else (args.seqs, args.seqlen)
     cfg = ModelConfig.from_dict(cfg_dict, source="Qwen3-0.6B shape")
@@ -125,7 +126,7 @@ def main() -> None:
 
     def micro_batch() -> float:
         start = time.perf_counter()
-        model.forward_backward(batch, loss_fn, grads, checkpoint=True, keep_ops=tuple(filter(None, args.keep.split(","))))
+        model.forward_backward(batch, loss_fn, grads, checkpoint=True, keep_ops=keep)
         if gpu:
             import cupy
 

@@ -5,7 +5,8 @@ kernel writes the layer's output (GemmEx needs `out` prefilled with bias + resid
 output), and cuBLASLt proposes several algorithms per shape.
 
 Algorithm choice: the heuristic's first pick is often not its fastest candidate (measured on the H200 at T1
-shapes: up to 27% slower, bench/RESULTS.md). The first product of a shape class (rows rounded up to a power of
+shapes: up to 27% slower, bench/RESULTS.md); for few rows (decode) split-K versions of its best two join
+the candidates. The first product of a shape class (rows rounded up to a power of
 two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch output
 and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`. Choices persist in a JSON file per GPU
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
@@ -42,6 +43,10 @@ _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
 _WORKSPACE_BYTES = 32 << 20
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
+_CONFIG_SPLIT_K, _CONFIG_REDUCTION = 2, 3  # cublasLtMatmulAlgoConfigAttributes_t
+_REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE = 1, 2  # cublasLtReductionScheme_t
+_SPLIT_K_ROWS = 256  # plans of at most this many rows also try split-K versions of the heuristic's best two
+_SPLITS = (2, 4, 8)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
 _TUNE_REPEATS = 3
 
@@ -70,6 +75,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i, p, p],
         "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
         "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
+        "cublasLtMatmulAlgoConfigSetAttribute": [p, i, p, size],
         "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
@@ -139,11 +145,34 @@ class _Lt:
     def _checked(self, plan: _Plan, algo_bytes: bytes) -> object:
         """The recorded algorithm as a HeuristicResult if cuBLASLt accepts it for this exact plan, else the
         heuristic's first pick."""
+        return self._accepted(plan.desc, plan.layouts, algo_bytes) or plan.candidates[0]
+
+    def _accepted(self, desc, layouts, algo_bytes: bytes, **config) -> HeuristicResult | None:
+        """An algorithm (its bytes, with config attributes changed: split_k, reduction) as a HeuristicResult,
+        if cuBLASLt accepts it for these descriptors within the workspace; else None."""
         result = HeuristicResult()
         ctypes.memmove(result.algo, algo_bytes, min(len(algo_bytes), ctypes.sizeof(result.algo)))
-        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, plan.desc, *plan.layouts, ctypes.byref(result.algo),
+        set_attribute = self.lib.cublasLtMatmulAlgoConfigSetAttribute
+        for attribute, key in ((_CONFIG_SPLIT_K, "split_k"), (_CONFIG_REDUCTION, "reduction")):
+            value = config.get(key)
+            if value is not None and set_attribute(ctypes.byref(result.algo), attribute,
+                                                   ctypes.byref(ctypes.c_uint32(value)), 4):
+                return None
+        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
                                                   ctypes.byref(result))
-        return result if status == 0 and result.workspace_size <= _WORKSPACE_BYTES else plan.candidates[0]
+        return result if status == 0 and result.workspace_size <= _WORKSPACE_BYTES else None
+
+    def _split_k_versions(self, desc, layouts, candidates: list) -> list:
+        """Split-K versions of the heuristic's best two: with few rows a product has too few tiles to stream
+        its weight at full bandwidth, and the heuristic rarely proposes splitting K (tuning picks by time)."""
+        versions = []
+        for candidate in candidates[:2]:
+            for splits in _SPLITS:
+                for reduction in (_REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE):
+                    version = self._accepted(desc, layouts, bytes(candidate.algo), split_k=splits, reduction=reduction)
+                    if version is not None:
+                        versions.append(version)
+        return versions
 
     def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
         lib = self.lib
@@ -171,6 +200,8 @@ class _Lt:
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
             raise CublasError(f"cuBLASLt has no algorithm for {what}")
+        if m <= _SPLIT_K_ROWS:
+            candidates += self._split_k_versions(desc, layouts, candidates)
         return _Plan(desc, layouts, candidates, _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments))
 
 

@@ -120,7 +120,8 @@ class AdamW:
         _release_cached_device_memory(self.xp)  # freed activations first: the state takes their place
         for key in self._offloadable():
             host = getattr(self, key).flat
-            setattr(self, key, ParameterBuffer(self.params.cfg, host.copy() if self.xp is np else self.xp.asarray(host)))
+            device = host.copy() if self.xp is np else self.xp.asarray(host)
+            setattr(self, key, ParameterBuffer(self.params.cfg, device))
         self.offloaded = False
 
     def step(self, lr: float, grad_scale: float = 1.0) -> dict:
