@@ -62,16 +62,6 @@ __device__ __forceinline__ bool find_tile(const int* cu_seqlens, int num_seqs, i
     return false;
 }
 
-// Byte offsets of this lane's ldmatrix row address inside a tile of pitch `ld` elements. "A" pattern (A
-// operands, and B operands loaded with .trans): matrices ordered (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
-// (rows 0-7, cols 8-15), (rows 8-15, cols 8-15). "B" pattern (B operands without .trans, and A with .trans
-// from a transposed tile): (0-7, 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
-__device__ __forceinline__ unsigned lane_offset_a(int lane, int ld) {
-    return (((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4)) * (int)sizeof(scalar_t);
-}
-__device__ __forceinline__ unsigned lane_offset_b(int lane, int ld) {
-    return (((lane & 7) + 8 * (lane >> 4)) * ld + 8 * ((lane >> 3) & 1)) * (int)sizeof(scalar_t);
-}
 constexpr int ROW = LD * sizeof(scalar_t);  // bytes per shared-memory tile row
 constexpr int EL = sizeof(scalar_t);        // bytes per element
 

@@ -41,6 +41,16 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, unsigned addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// Byte offsets of this lane's ldmatrix row address inside a tile of pitch `ld` elements. "A" pattern (A
+// operands, and B operands loaded with .trans): matrices ordered (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
+// (rows 0-7, cols 8-15), (rows 8-15, cols 8-15). "B" pattern (B operands without .trans, and A with .trans
+// from a transposed tile): (0-7, 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
+__device__ __forceinline__ unsigned lane_offset_a(int lane, int ld) {
+    return (((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4)) * (int)sizeof(scalar_t);
+}
+__device__ __forceinline__ unsigned lane_offset_b(int lane, int ld) {
+    return (((lane & 7) + 8 * (lane >> 4)) * ld + 8 * ((lane >> 3) & 1)) * (int)sizeof(scalar_t);
+}
 // c += a @ b for one m16n8k16 tile; the element type picks the instruction.
 __device__ __forceinline__ void mma(float* c, const unsigned* a, const unsigned* b, __nv_bfloat16) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
