@@ -9,7 +9,8 @@
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
 # (models in .parity).
 # Extra arguments: TESTS (pytest paths for stage tests, e.g. TESTS=tests for every GPU test), R1_ARGS
-# (bench_grpo_step.py, e.g. "--num-scheduler-steps 8"), GEN_ARGS (bench_generate.py,
+# (bench_grpo_step.py, e.g. "--offload-optimizer"), T1_ARGS (bench_train_step.py, e.g.
+# "--keep attention attention,linear"), GEN_ARGS (bench_generate.py,
 # e.g. "--num-scheduler-steps 1 8 --no-peer").
 # Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
 # .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
@@ -39,7 +40,11 @@ stage_tests() {
   timeout "$(budget ${TEST_TIMEOUT:-150})" python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider 2>&1 | tee "$OUT/model_tests.log" \
     | grep -v -E "^(SKIPPED|PASSED)" | tail -40
 }
-stage_t1() { timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" 2>&1 | tee "$OUT/t1.log" | tail -25; }
+stage_t1() {
+  # shellcheck disable=SC2086
+  timeout "$(budget ${T1_TIMEOUT:-170})" python3 bench/bench_train_step.py --json "$OUT/t1.json" $T1_ARGS 2>&1 \
+    | tee "$OUT/t1.log" | tail -25
+}
 stage_r1() {
   # shellcheck disable=SC2086
   timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" $R1_ARGS 2>&1 \
