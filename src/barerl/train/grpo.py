@@ -74,6 +74,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": cfg.effective_generation_batch_size,
               "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {})}
+    if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
+        run.optimizer.offload()
     llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed, **engine)
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
@@ -83,8 +85,6 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 batch_rows = [rows[i] for i in sampler.take(num_prompts)]
                 return generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner, round_index)
 
-            if cfg.offload_optimizer:  # the state comes back for the step (AdamW.restore)
-                run.optimizer.offload()
             rollouts = sample(0)
             rollout_metrics = _rollout_metrics(rollouts, cfg)
             if cfg.dynamic_sampling:
@@ -104,6 +104,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                     _log_samples(logger, run.step, rollouts)
                 if run.should_save():
                     checkpoint = str(run.save({"sampler": sampler.state_dict()}))
+            if cfg.offload_optimizer:  # before the KV cache is mapped again
+                run.optimizer.offload()
             if model.device == "cuda":
                 llm.wake()
     summary = run.finish()
