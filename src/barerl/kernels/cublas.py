@@ -25,7 +25,7 @@ import numpy as np
 _CUDA_DTYPE = {"float32": 0, "float16": 2, "bfloat16": 14}  # cudaDataType: CUDA_R_32F, _16F, _16BF
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
-_WORKSPACE_BYTES = 32 << 20
+WORKSPACE_BYTES = 32 << 20
 _OP = {False: 0, True: 1}  # CUBLAS_OP_N, CUBLAS_OP_T
 
 
@@ -57,16 +57,23 @@ def load_library(stem: str = "cublas") -> ctypes.CDLL:
     raise CublasError(f"could not load lib{stem}; tried:\n" + "\n".join(errors))
 
 
-class _Handle:
-    """A cuBLAS handle with its own workspace, re-bound to the current CuPy stream before each call."""
+class LibraryHandle:
+    """A cuBLAS or cuBLASLt handle, made by the library's `create` function, with its own workspace."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, create: str) -> None:
         import cupy
 
         self.lib = lib
         self.handle = ctypes.c_void_p()
-        check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
-        self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
+        check(getattr(lib, create)(ctypes.byref(self.handle)), create)
+        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+
+
+class _Handle(LibraryHandle):
+    """A cuBLAS handle re-bound to the current CuPy stream before each call."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__(lib, "cublasCreate_v2")
         self.stream = None
 
     def bind(self) -> None:
@@ -77,7 +84,7 @@ class _Handle:
             check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
             check(
                 self.lib.cublasSetWorkspace_v2(
-                    self.handle, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)
+                    self.handle, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES)
                 ),
                 "cublasSetWorkspace_v2",
             )
@@ -142,18 +149,23 @@ def gemm_split_k(x, w, partials):
                  batch=(splits, chunk, chunk, partials[0].size))
 
 
+def product_layouts(a, b, out, transa: bool, transb: bool):
+    """The checked operands of out = op(a) @ op(b): (m, n, k) and the (rows, cols, ld) of a, b and out."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"matrix product: a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    layout_a, layout_b, layout_out = matrix_layout(a, "a"), matrix_layout(b, "b"), matrix_layout(out, "out")
+    (ra, ca, _), (rb, cb, _), (ro, co, _) = layout_a, layout_b, layout_out
+    m, k = (ca, ra) if transa else (ra, ca)
+    k2, n = (cb, rb) if transb else (rb, cb)
+    if k != k2 or (ro, co) != (m, n):
+        raise ValueError(f"matrix product: shapes do not agree: op(a) {(m, k)}, op(b) {(k2, n)}, out {(ro, co)}")
+    return (m, n, k), layout_a, layout_b, layout_out
+
+
 def _gemm(a, b, out, transa, transb, alpha, beta, batch=None):
     """One cuBLAS GEMM; batch = (count, stride of a, stride of b, stride of out) in elements makes it a
     strided-batched one over the same shapes."""
-    if a.dtype != b.dtype:
-        raise TypeError(f"gemm: a and b must share a dtype, got {a.dtype} and {b.dtype}")
-    ra, ca, lda = matrix_layout(a, "a")
-    rb, cb, ldb = matrix_layout(b, "b")
-    rc, cc, ldc = matrix_layout(out, "out")
-    m, k = (ca, ra) if transa else (ra, ca)
-    k2, n = (cb, rb) if transb else (rb, cb)
-    if k != k2 or (rc, cc) != (m, n):
-        raise ValueError(f"gemm: shapes do not agree: op(a) {(m, k)}, op(b) {(k2, n)}, out {(rc, cc)}")
+    (m, n, k), (_, _, lda), (_, _, ldb), (_, _, ldc) = product_layouts(a, b, out, transa, transb)
     if m == 0 or n == 0:
         return out
     h = _handle()

@@ -30,18 +30,20 @@ import numpy as np
 from barerl.kernels.build import CACHE_DIR
 from barerl.kernels.cublas import (
     _CUDA_DTYPE,
+    WORKSPACE_BYTES,
     CublasError,
+    LibraryHandle,
     check,
     load_library,
     matrix_layout,
     on_current_device,
+    product_layouts,
 )
 
 _COMPUTE_32F, _SCALE_32F = 68, 0
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
-_WORKSPACE_BYTES = 32 << 20
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
 _CONFIG_SPLIT_K, _CONFIG_REDUCTION = 2, 3  # cublasLtMatmulAlgoConfigAttributes_t
 _REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE = 1, 2  # cublasLtReductionScheme_t
@@ -98,16 +100,13 @@ class _Plan:
     chosen: object = None  # the algorithm in use once tuned (HeuristicResult)
 
 
-class _Lt:
+class _Lt(LibraryHandle):
     """One cuBLASLt handle per device, its workspace and its plans."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         import cupy
 
-        self.lib = lib
-        self.handle = ctypes.c_void_p()
-        check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.workspace = cupy.empty(_WORKSPACE_BYTES, dtype=np.uint8)
+        super().__init__(lib, "cublasLtCreate")
         self.plans: dict[tuple, _Plan] = {}
         name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
         self.choices_path = CACHE_DIR / f"cublaslt-{name.replace(' ', '_')}-{lib.cublasLtGetVersion()}.json"
@@ -160,7 +159,7 @@ class _Lt:
                 return None
         status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
                                                   ctypes.byref(result))
-        return result if status == 0 and result.workspace_size <= _WORKSPACE_BYTES else None
+        return result if status == 0 and result.workspace_size <= WORKSPACE_BYTES else None
 
     def _split_k_versions(self, desc, layouts, candidates: list) -> list:
         """Split-K versions of the heuristic's best two: with few rows a product has too few tiles to stream
@@ -189,7 +188,7 @@ class _Lt:
                    self._layout(c_type, n, m, ld_c), self._layout(c_type, n, m, ld_d))
         pref = ctypes.c_void_p()
         check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-        _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(_WORKSPACE_BYTES))
+        _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(WORKSPACE_BYTES))
         for attribute, alignment in zip(_PREF_MIN_ALIGNMENT, alignments):
             _set(lib.cublasLtMatmulPreferenceSetAttribute, pref, attribute, ctypes.c_uint32(alignment))
         results = (HeuristicResult * CANDIDATES)()
@@ -256,19 +255,11 @@ def candidates(a, b, out, transa=False, transb=False, c=None, bias=None) -> int:
 
 
 def _plan_for(a, b, out, transa, transb, c, bias):
-    if a.dtype != b.dtype:
-        raise TypeError(f"matmul: a and b must share a dtype, got {a.dtype} and {b.dtype}")
     c = out if c is None else c
     if c.dtype != out.dtype or c.shape != out.shape:
         raise ValueError(f"matmul: c {c.shape} {c.dtype} must match out {out.shape} {out.dtype}")
-    ra, ca, lda = matrix_layout(a, "a")
-    rb, cb, ldb = matrix_layout(b, "b")
-    rc, cc, ldc = matrix_layout(c, "c")
-    _, _, ldd = matrix_layout(out, "out")
-    m, k = (ca, ra) if transa else (ra, ca)
-    k2, n = (cb, rb) if transb else (rb, cb)
-    if k != k2 or (rc, cc) != (m, n):
-        raise ValueError(f"matmul: shapes do not agree: op(a) {(m, k)}, op(b) {(k2, n)}, out {(rc, cc)}")
+    (m, n, k), (ra, ca, lda), (rb, cb, ldb), (_, _, ldd) = product_layouts(a, b, out, transa, transb)
+    _, _, ldc = matrix_layout(c, "c")
     if bias is not None and (bias.shape != (n,) or bias.dtype != out.dtype):
         raise ValueError(f"matmul: bias {bias.shape} {bias.dtype} must be ({n},) {out.dtype}")
     # column-major: out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B our a
@@ -303,7 +294,7 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
             lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(pointers[0]), la,
             ctypes.c_void_p(pointers[1]), lb, ctypes.byref(f_beta), ctypes.c_void_p(c_ptr), lc,
             ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
-            _WORKSPACE_BYTES, ctypes.c_void_p(stream.ptr),
+            WORKSPACE_BYTES, ctypes.c_void_p(stream.ptr),
         )
         check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
 

@@ -92,8 +92,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) linear_rows(
     }
     cp_async_wait<0>();
 
-    // This thread's values: rows 16 m + g (+ 8), columns n0 + 16 warp + 8 j + 2 t (+ 1).
-    if (splits == 1) {
+    // This thread's values, in pairs: rows 16 m + g (+ 8), columns n0 + 16 warp + 8 j + 2 t (and + 1).
+    auto for_each_pair = [&](auto body) {
 #pragma unroll
         for (int m = 0; m < BM / 16; ++m)
 #pragma unroll
@@ -101,25 +101,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) linear_rows(
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = 16 * m + g + 8 * h, col = n0 + 16 * warp + 8 * j + 2 * t;
-                    if (row >= rows) continue;
-                    scalar_t* dst = out + (long long)row * cols + col;
-                    dst[0] = from_float<scalar_t>(epilogue(c[m][j][2 * h], bias, residual, row, col, cols));
-                    dst[1] = from_float<scalar_t>(epilogue(c[m][j][2 * h + 1], bias, residual, row, col + 1, cols));
+                    if (row < rows) body(row, col, c[m][j][2 * h], c[m][j][2 * h + 1]);
                 }
+    };
+    if (splits == 1) {
+        for_each_pair([&](int row, int col, float a, float b) {
+            scalar_t* dst = out + (long long)row * cols + col;
+            dst[0] = from_float<scalar_t>(epilogue(a, bias, residual, row, col, cols));
+            dst[1] = from_float<scalar_t>(epilogue(b, bias, residual, row, col + 1, cols));
+        });
         return;
     }
     float* part = parts + (long long)blockIdx.y * rows * cols;
-#pragma unroll
-    for (int m = 0; m < BM / 16; ++m)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = 16 * m + g + 8 * h, col = n0 + 16 * warp + 8 * j + 2 * t;
-                if (row < rows)
-                    *reinterpret_cast<float2*>(part + (long long)row * cols + col) =
-                        make_float2(c[m][j][2 * h], c[m][j][2 * h + 1]);
-            }
+    for_each_pair([&](int row, int col, float a, float b) {
+        *reinterpret_cast<float2*>(part + (long long)row * cols + col) = make_float2(a, b);
+    });
     // The last CTA of this column tile to arrive finishes it (the CUDA samples' threadfence reduction).
     __shared__ bool last;
     __threadfence();
