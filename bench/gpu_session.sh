@@ -12,8 +12,9 @@
 # (bench_grpo_step.py, e.g. "--offload-optimizer"), T1_ARGS (bench_train_step.py, e.g.
 # "--keep attention attention,linear"), GEN_ARGS (bench_generate.py,
 # e.g. "--num-scheduler-steps 1 8 --no-peer").
-# Logs and JSON/CSV under $OUT (with --parallel, packed into $OUT/results.tgz); CuPy's kernel cache travels in
-# .carry/cupy_cache.tgz (carry .carry); TRL and its missing dependencies as wheels in .whl (carry .whl).
+# Logs and JSON/CSV packed into $OUT/results.tgz (a device call brings back only a few files), next to
+# cupy_cache.tgz (CuPy's kernel cache: carry it back as .carry/cupy_cache.tgz) and the cuBLASLt tuning choices;
+# TRL and its missing dependencies travel as wheels in .whl (carry .whl).
 set -o pipefail
 OUT=${OUT:-/tmp/barerl_out}
 mkdir -p "$OUT"
@@ -27,6 +28,7 @@ budget() { local left=$((DEADLINE - SECONDS)); echo $(( left < $1 ? (left > 1 ? 
 setup() {
   mkdir -p "$CUPY_CACHE_DIR"
   [ -f .carry/cupy_cache.tgz ] && tar -xzf .carry/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
+  mkdir -p "$HOME/.cache/barerl" && cp .carry/cublaslt-*.json "$HOME/.cache/barerl/" 2>/dev/null  # tuned GEMMs
   if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
   fi
@@ -131,5 +133,8 @@ if [ "$1" = "--parallel" ]; then
 else
   setup
   run_stages "$@"
+  # a device call brings back only a few files: everything but the kernel cache travels as one archive
+  tar -czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/"
 fi
 tar -czf "$OUT/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" .
+cp "$HOME"/.cache/barerl/cublaslt-*.json "$OUT/" 2>/dev/null || true
