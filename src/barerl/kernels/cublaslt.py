@@ -316,6 +316,8 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
 
     if algo is not None:
         choice = plan.candidates[algo]
+    elif plan.chosen is not None:  # the common case: no capture query, no tuning
+        choice = plan.chosen
     else:
         choice = lt.algorithm(plan, None if _capturing(stream) else time_candidate)
         if scratch:  # tuned just now: give the scratch (up to a 0.6 GB LM-head gradient) back to the driver
