@@ -1,4 +1,4 @@
-"""advance_decode (kernels/decode_step.py) against backend.ref.advance_decode: identical next-step inputs."""
+"""advance_decode (kernels/advance_decode.py) against backend.ref.advance_decode: identical next-step inputs."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ compile on first use, so importing this module needs CuPy but no compiler work.
 
 from barerl.backend.ref import *
 from barerl.kernels.adamw import adamw_step, grad_norm  # noqa: F401
-from barerl.kernels.decode_step import advance_decode  # noqa: F401
+from barerl.kernels.advance_decode import advance_decode  # noqa: F401
 from barerl.kernels.embedding import embedding, embedding_backward  # noqa: F401
 from barerl.kernels.flash_attention import attention, attention_backward  # noqa: F401
 from barerl.kernels.kv_cache import store_kv  # noqa: F401

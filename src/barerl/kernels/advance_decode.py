@@ -1,4 +1,4 @@
-"""advance_decode on the GPU (csrc/decode_step.cu): the next decode step's inputs from this step's tokens.
+"""advance_decode on the GPU (csrc/advance_decode.cu): the next decode step's inputs from this step's tokens.
 
 Inside a CUDA graph of several decode steps this runs between every two of them; one kernel replaces the
 reference's dozen elementwise CuPy kernels. Other dtypes than the engine's (int32 inputs, int64 counters)
@@ -28,7 +28,7 @@ def advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, cou
         ref.advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, counters, block_tables,
                            block_size)
     elif rows:
-        load_kernel("decode_step.cu", "advance_decode")(
+        load_kernel("advance_decode.cu", "advance_decode")(
             (num_blocks(rows, _THREADS),), (_THREADS,),
             (tokens, input_ids, positions, context_lens, slot_mapping, counters, block_tables,
              np.int32(block_tables.shape[1]), np.int32(block_size), np.int32(rows)),
