@@ -2,8 +2,10 @@
 # Device calls for the whole system, by stage (a device call lasts at most 600 s, so split the stages):
 #   bash bench/gpu_session.sh tests t1 r1 demo                 # one GPU, stages in order
 #   bash bench/gpu_session.sh --parallel "tests t1 r1" "trl gen"  # one list of stages per GPU, side by side
-# Stages: tests (model-level GPU tests, AdamW kernels), t1, r1 (barerl), trl (TRL's GRPOTrainer on R1), gen
-# (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), gemm (linear layers: GemmEx vs cuBLASLt), profile (GPU time per op of a decode step),
+# Stages: tests (model-level GPU tests, AdamW kernels), t1, r1 (barerl), r1_offload (R1 with the optimizer state
+# offloaded while generating), trl (TRL's GRPOTrainer on R1), gen
+# (G1/G2 with transformers), kernels (decode-kernel micro-benchmarks), gemm (linear layers: GemmEx vs cuBLASLt),
+# profile / profile_g2 (GPU time per op of a G1 / G2 decode step),
 # profile_train (time per op of a T1 micro-batch), demo (`barerl demo` on the GPU), reward
 # parity over $SEEDS: parity_demogpu (both systems from the GPU demo's SFT checkpoint; or _barerl / _trl alone), parity_demo_barerl,
 # parity_demo_trl, parity_smol_barerl, parity_smol_trl, parity_smol_barerl_fp32, parity_smol_barerl_no_is
@@ -52,6 +54,11 @@ stage_r1() {
   timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1.json" $R1_ARGS 2>&1 \
     | tee "$OUT/r1.log" | tail -10
 }
+stage_r1_offload() {
+  # shellcheck disable=SC2086
+  timeout "$(budget ${R1_TIMEOUT:-200})" python3 bench/bench_grpo_step.py --json "$OUT/r1_offload.json" \
+    --offload-optimizer $R1_ARGS 2>&1 | tee "$OUT/r1_offload.log" | tail -10
+}
 stage_trl() {
   with_trl timeout "$(budget ${TRL_TIMEOUT:-300})" python3 bench/bench_grpo_trl.py --json "$OUT/r1_trl.json" 2>&1 \
     | tee "$OUT/r1_trl.log" | grep -v -E "it/s|s/it" | tail -15
@@ -62,6 +69,10 @@ stage_gen() {
     | tee "$OUT/generate.log" | tail -25
 }
 stage_profile() { timeout "$(budget ${PROFILE_TIMEOUT:-120})" python3 bench/profile_decode.py 2>&1 | tee "$OUT/profile_decode.log" | tail -25; }
+stage_profile_g2() {
+  timeout "$(budget ${PROFILE_TIMEOUT:-120})" python3 bench/profile_decode.py --seqs 256 --context 384 2>&1 \
+    | tee "$OUT/profile_decode_g2.log" | tail -25
+}
 stage_profile_train() {
   timeout "$(budget ${PROFILE_TIMEOUT:-120})" python3 bench/profile_train_step.py 2>&1 | tee "$OUT/profile_train.log" | tail -25
 }

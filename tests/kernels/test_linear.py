@@ -68,11 +68,9 @@ def test_strided_views_and_poison(draw, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:2], ids=str)
-def test_linear_rows_is_deterministic_and_leaves_its_counters_zero(draw, dtype):
-    """linear_rows' tile counters return to zero after each launch, and its parts are summed in split order:
-    the same product three times (a smaller one in between) gives the same bits."""
-    import cupy
-
+def test_linear_rows_is_deterministic(draw, dtype):
+    """linear_rows sums its K parts in split order: the same product three times (a smaller one in between)
+    gives the same bits."""
     from barerl.backend import cuda
     from barerl.kernels import linear as linear_module
 
@@ -83,7 +81,6 @@ def test_linear_rows_is_deterministic_and_leaves_its_counters_zero(draw, dtype):
     cuda.linear(x[:3], w, None, residual[:3])
     for _ in range(2):
         assert_same_bits("repeat", cuda.linear(x, w, None, residual), first)
-    assert not linear_module._rows_counters[cupy.cuda.Device().id, 1024].any()
 
 
 @pytest.mark.parametrize("offset", [0, 1, 8])

@@ -7,8 +7,11 @@ output), and cuBLASLt proposes several algorithms per shape.
 Algorithm choice: the heuristic's first pick is often not its fastest candidate (measured on the H200 at T1
 shapes: up to 27% slower, bench/RESULTS.md); for few rows (decode) split-K versions of its best two join
 the candidates. The first product of a shape class (rows rounded up to a power of
-two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch output
-and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`. Choices persist in a JSON file per GPU
+two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch output,
+replaying a CUDA graph of a few launches (timed one by one from the host, a decode-sized product measures
+the launch overhead, not the kernel), and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`.
+Split-K versions are not tried for in-place accumulation (c is out): an in-place split-K reduction
+accumulates its parts in out, over the c it still has to read (wrong weight gradients, seen on the H200). Choices persist in a JSON file per GPU
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
 product captured before its class is tuned takes the heuristic's first pick.
 
@@ -50,7 +53,7 @@ _REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE = 1, 2  # cublasLtReductionScheme_t
 _SPLIT_K_ROWS = 256  # plans of at most this many rows also try split-K versions of the heuristic's best two
 _SPLITS = (2, 4, 8)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
-_TUNE_REPEATS = 3
+_TUNE_REPEATS = 10  # launches per timed graph replay
 
 
 class HeuristicResult(ctypes.Structure):
@@ -173,7 +176,7 @@ class _Lt(LibraryHandle):
                         versions.append(version)
         return versions
 
-    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
+    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place) -> _Plan:
         lib = self.lib
         (rows_a, cols_a, ld_a), (rows_b, cols_b, ld_b), (m, n, ld_c, ld_d) = shapes
         in_type, c_type = dtypes
@@ -199,22 +202,23 @@ class _Lt(LibraryHandle):
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
             raise CublasError(f"cuBLASLt has no algorithm for {what}")
-        if m <= _SPLIT_K_ROWS:
+        if m <= _SPLIT_K_ROWS and not in_place:
             candidates += self._split_k_versions(desc, layouts, candidates)
-        return _Plan(desc, layouts, candidates, _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments))
+        key = _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place)
+        return _Plan(desc, layouts, candidates, key)
 
 
 def _size_class(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
 
 
-def _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> str:
+def _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place) -> str:
     """A plan's shape class: M, N, K each rounded up to a power of two (token counts vary batch to batch)."""
     (rows_a, cols_a, _), _, (m, n, _, _) = shapes
     k = cols_a if trans_a else rows_a  # cuBLASLt's A (our b) is (k, n) column-major, or (n, k) transposed
     m_class, n_class, k_class = (_size_class(x) for x in (m, n, k))
     return (f"trans {int(trans_a)}{int(trans_b)} m<={m_class} n<={n_class} k<={k_class} {dtypes[0]}->{dtypes[1]}"
-            f" bias {int(has_bias)} align {'/'.join(map(str, alignments))}")
+            f" bias {int(has_bias)} align {'/'.join(map(str, alignments))}{' in place' if in_place else ''}")
 
 
 def _read_json(path) -> dict:
@@ -249,12 +253,13 @@ def alignment(address: int) -> int:
     return min(256, address & -address) if address else 256
 
 
-def candidates(a, b, out, transa=False, transb=False, c=None, bias=None) -> int:
+def candidates(a, b, out, transa=False, transb=False, c=None, bias=None, beta=0.0) -> int:
     """How many algorithms the heuristic proposed for this product (for benchmarks timing each)."""
-    return len(_plan_for(a, b, out, transa, transb, c, bias)[0].candidates)
+    return len(_plan_for(a, b, out, transa, transb, c, bias, beta)[0].candidates)
 
 
-def _plan_for(a, b, out, transa, transb, c, bias):
+def _plan_for(a, b, out, transa, transb, c, bias, beta):
+    in_place = c is None and beta != 0.0  # out accumulates the product: see the module docstring
     c = out if c is None else c
     if c.dtype != out.dtype or c.shape != out.shape:
         raise ValueError(f"matmul: c {c.shape} {c.dtype} must match out {out.shape} {out.dtype}")
@@ -265,7 +270,7 @@ def _plan_for(a, b, out, transa, transb, c, bias):
     # column-major: out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B our a
     pointers = (b.data.ptr, a.data.ptr, c.data.ptr, out.data.ptr)
     key = (transb, transa, ((rb, cb, ldb), (ra, ca, lda), (m, n, ldc, ldd)), (a.dtype, out.dtype),
-           bias is not None, tuple(alignment(ptr) for ptr in pointers))
+           bias is not None, tuple(alignment(ptr) for ptr in pointers), in_place)
     return _lt().plan(key), pointers, (m, n, k)
 
 
@@ -279,7 +284,7 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
     """
     import cupy
 
-    plan, pointers, (m, n, k) = _plan_for(a, b, out, transa, transb, c, bias)
+    plan, pointers, (m, n, k) = _plan_for(a, b, out, transa, transb, c, bias, beta)
     if m == 0 or n == 0:
         return out
     lt = _lt()
@@ -288,13 +293,13 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
     f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
     stream = cupy.cuda.get_current_stream()
 
-    def launch(choice, c_ptr: int, d_ptr: int) -> None:
+    def launch(choice, c_ptr: int, d_ptr: int, on=stream) -> None:
         la, lb, lc, ld = plan.layouts
         status = lt.lib.cublasLtMatmul(
             lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(pointers[0]), la,
             ctypes.c_void_p(pointers[1]), lb, ctypes.byref(f_beta), ctypes.c_void_p(c_ptr), lc,
             ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
-            WORKSPACE_BYTES, ctypes.c_void_p(stream.ptr),
+            WORKSPACE_BYTES, ctypes.c_void_p(on.ptr),
         )
         check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
 
@@ -305,12 +310,18 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
             scratch.append(cupy.empty_like(out))
         d_ptr = scratch[0].data.ptr
         c_ptr = d_ptr if pointers[2] == pointers[3] else pointers[2]  # a separate c is only read
-        launch(choice, c_ptr, d_ptr)
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
+        launch(choice, c_ptr, d_ptr)  # outside the graph first: a failing algorithm raises here
+        side = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(stream.record())
+        side.begin_capture()
         for _ in range(_TUNE_REPEATS):
-            launch(choice, c_ptr, d_ptr)
-        end.record(stream)
+            launch(choice, c_ptr, d_ptr, side)
+        graph = side.end_capture()
+        graph.launch(side)  # the first replay uploads the graph
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(side)
+        graph.launch(side)
+        end.record(side)
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end)
 
