@@ -106,7 +106,7 @@ def backward_rows(rows: int, name: str, n: int, k: int) -> list[dict]:
     out += lt_variants(f"{name} dx", rows, lambda algo: cublaslt.matmul(dy, w, dx, algo=algo), flops, nbytes,
                        cublaslt.candidates(dy, w, dx), lambda: rel_err(dx, dx_ref))
     out += lt_variants(f"{name} dw", rows, lambda algo: cublaslt.matmul(dy, x, dw, transa=True, beta=1.0, algo=algo),
-                       flops, nbytes, cublaslt.candidates(dy, x, dw, transa=True, beta=1.0), lambda: 0.0)
+                       flops, nbytes, cublaslt.candidates(dy, x, dw, transa=True), lambda: 0.0)
     return out
 
 

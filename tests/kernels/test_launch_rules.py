@@ -39,7 +39,7 @@ def test_gemm_tuning_classes_round_token_counts_up_to_powers_of_two():
     """Ragged micro-batches share one tuned algorithm per power-of-two class of each dimension."""
     def key(tokens, n=4096, k=1024):  # a linear forward: x (tokens, k) @ w (n, k).T, as cublaslt lays it out
         return _tuning_key(True, False, ((n, k, k), (tokens, k, k), (tokens, n, n, n)), ("bf16", "bf16"), False,
-                           (256,) * 4, False)
+                           (256,) * 4)
 
     assert key(17_000) == key(18_432) == key(32_768) != key(32_769)
     assert key(18_432) != key(18_432, n=1024) and key(64) != key(64, k=3072)

@@ -5,13 +5,13 @@ kernel writes the layer's output (GemmEx needs `out` prefilled with bias + resid
 output), and cuBLASLt proposes several algorithms per shape.
 
 Algorithm choice: the heuristic's first pick is often not its fastest candidate (measured on the H200 at T1
-shapes: up to 27% slower, bench/RESULTS.md); for few rows (decode) split-K versions of its best two join
-the candidates. The first product of a shape class (rows rounded up to a power of
-two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch output,
-replaying a CUDA graph of a few launches (timed one by one from the host, a decode-sized product measures
+shapes: up to 27% slower, bench/RESULTS.md). The first product of a shape class (rows rounded up to a power
+of two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch
+output, replaying a CUDA graph of a few launches (timed one by one from the host, a short product measures
 the launch overhead, not the kernel), and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`.
-Split-K versions are not tried for in-place accumulation (c is out): an in-place split-K reduction
-accumulates its parts in out, over the c it still has to read (wrong weight gradients, seen on the H200). Choices persist in a JSON file per GPU
+Decode-sized products (at most `_TUNE_MIN_ROWS` rows) keep the first pick: repeated in isolation their
+weights stay in L2, which a decode step's KV-cache stream evicts, so the timing would favour the wrong
+algorithm (split-K versions chosen that way slowed G1 and G2 on the H200). Choices persist in a JSON file per GPU
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
 product captured before its class is tuned takes the heuristic's first pick.
 
@@ -48,10 +48,7 @@ _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
-_CONFIG_SPLIT_K, _CONFIG_REDUCTION = 2, 3  # cublasLtMatmulAlgoConfigAttributes_t
-_REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE = 1, 2  # cublasLtReductionScheme_t
-_SPLIT_K_ROWS = 256  # plans of at most this many rows also try split-K versions of the heuristic's best two
-_SPLITS = (2, 4, 8)
+_TUNE_MIN_ROWS = 256  # products of at most this many rows are not tuned (see the module docstring)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
 _TUNE_REPEATS = 10  # launches per timed graph replay
 
@@ -80,7 +77,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i, p, p],
         "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
         "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
-        "cublasLtMatmulAlgoConfigSetAttribute": [p, i, p, size],
         "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
@@ -131,11 +127,14 @@ class _Lt(LibraryHandle):
         fastest candidate timed by tune(candidate) -> ms (None while capturing: the first pick, not kept)."""
         if plan.chosen is not None:
             return plan.chosen
+        if len(plan.candidates) == 1:  # untuned: an old recorded choice does not apply either
+            plan.chosen = plan.candidates[0]
+            return plan.chosen
         recorded = self.choices.get(plan.tuning_key)
         if recorded is not None:
             plan.chosen = self._checked(plan, bytes.fromhex(recorded))
             return plan.chosen
-        if tune is None or len(plan.candidates) == 1:
+        if tune is None:
             return plan.candidates[0]
         times = [tune(candidate) for candidate in plan.candidates]
         best = int(np.argmin(times))
@@ -149,34 +148,16 @@ class _Lt(LibraryHandle):
         heuristic's first pick."""
         return self._accepted(plan.desc, plan.layouts, algo_bytes) or plan.candidates[0]
 
-    def _accepted(self, desc, layouts, algo_bytes: bytes, **config) -> HeuristicResult | None:
-        """An algorithm (its bytes, with config attributes changed: split_k, reduction) as a HeuristicResult,
-        if cuBLASLt accepts it for these descriptors within the workspace; else None."""
+    def _accepted(self, desc, layouts, algo_bytes: bytes) -> HeuristicResult | None:
+        """An algorithm (its bytes) as a HeuristicResult, if cuBLASLt accepts it for these descriptors within
+        the workspace; else None."""
         result = HeuristicResult()
         ctypes.memmove(result.algo, algo_bytes, min(len(algo_bytes), ctypes.sizeof(result.algo)))
-        set_attribute = self.lib.cublasLtMatmulAlgoConfigSetAttribute
-        for attribute, key in ((_CONFIG_SPLIT_K, "split_k"), (_CONFIG_REDUCTION, "reduction")):
-            value = config.get(key)
-            if value is not None and set_attribute(ctypes.byref(result.algo), attribute,
-                                                   ctypes.byref(ctypes.c_uint32(value)), 4):
-                return None
         status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
                                                   ctypes.byref(result))
         return result if status == 0 and result.workspace_size <= WORKSPACE_BYTES else None
 
-    def _split_k_versions(self, desc, layouts, candidates: list) -> list:
-        """Split-K versions of the heuristic's best two: with few rows a product has too few tiles to stream
-        its weight at full bandwidth, and the heuristic rarely proposes splitting K (tuning picks by time)."""
-        versions = []
-        for candidate in candidates[:2]:
-            for splits in _SPLITS:
-                for reduction in (_REDUCTION_INPLACE, _REDUCTION_COMPUTE_TYPE):
-                    version = self._accepted(desc, layouts, bytes(candidate.algo), split_k=splits, reduction=reduction)
-                    if version is not None:
-                        versions.append(version)
-        return versions
-
-    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place) -> _Plan:
+    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
         lib = self.lib
         (rows_a, cols_a, ld_a), (rows_b, cols_b, ld_b), (m, n, ld_c, ld_d) = shapes
         in_type, c_type = dtypes
@@ -202,23 +183,22 @@ class _Lt(LibraryHandle):
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
             raise CublasError(f"cuBLASLt has no algorithm for {what}")
-        if m <= _SPLIT_K_ROWS and not in_place:
-            candidates += self._split_k_versions(desc, layouts, candidates)
-        key = _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place)
-        return _Plan(desc, layouts, candidates, key)
+        if m <= _TUNE_MIN_ROWS:
+            candidates = candidates[:1]
+        return _Plan(desc, layouts, candidates, _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments))
 
 
 def _size_class(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
 
 
-def _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments, in_place) -> str:
+def _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> str:
     """A plan's shape class: M, N, K each rounded up to a power of two (token counts vary batch to batch)."""
     (rows_a, cols_a, _), _, (m, n, _, _) = shapes
     k = cols_a if trans_a else rows_a  # cuBLASLt's A (our b) is (k, n) column-major, or (n, k) transposed
     m_class, n_class, k_class = (_size_class(x) for x in (m, n, k))
     return (f"trans {int(trans_a)}{int(trans_b)} m<={m_class} n<={n_class} k<={k_class} {dtypes[0]}->{dtypes[1]}"
-            f" bias {int(has_bias)} align {'/'.join(map(str, alignments))}{' in place' if in_place else ''}")
+            f" bias {int(has_bias)} align {'/'.join(map(str, alignments))}")
 
 
 def _read_json(path) -> dict:
@@ -253,13 +233,12 @@ def alignment(address: int) -> int:
     return min(256, address & -address) if address else 256
 
 
-def candidates(a, b, out, transa=False, transb=False, c=None, bias=None, beta=0.0) -> int:
+def candidates(a, b, out, transa=False, transb=False, c=None, bias=None) -> int:
     """How many algorithms the heuristic proposed for this product (for benchmarks timing each)."""
-    return len(_plan_for(a, b, out, transa, transb, c, bias, beta)[0].candidates)
+    return len(_plan_for(a, b, out, transa, transb, c, bias)[0].candidates)
 
 
-def _plan_for(a, b, out, transa, transb, c, bias, beta):
-    in_place = c is None and beta != 0.0  # out accumulates the product: see the module docstring
+def _plan_for(a, b, out, transa, transb, c, bias):
     c = out if c is None else c
     if c.dtype != out.dtype or c.shape != out.shape:
         raise ValueError(f"matmul: c {c.shape} {c.dtype} must match out {out.shape} {out.dtype}")
@@ -270,7 +249,7 @@ def _plan_for(a, b, out, transa, transb, c, bias, beta):
     # column-major: out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B our a
     pointers = (b.data.ptr, a.data.ptr, c.data.ptr, out.data.ptr)
     key = (transb, transa, ((rb, cb, ldb), (ra, ca, lda), (m, n, ldc, ldd)), (a.dtype, out.dtype),
-           bias is not None, tuple(alignment(ptr) for ptr in pointers), in_place)
+           bias is not None, tuple(alignment(ptr) for ptr in pointers))
     return _lt().plan(key), pointers, (m, n, k)
 
 
@@ -284,7 +263,7 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
     """
     import cupy
 
-    plan, pointers, (m, n, k) = _plan_for(a, b, out, transa, transb, c, bias, beta)
+    plan, pointers, (m, n, k) = _plan_for(a, b, out, transa, transb, c, bias)
     if m == 0 or n == 0:
         return out
     lt = _lt()
