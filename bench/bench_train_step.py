@@ -3,7 +3,10 @@ sequences of 1,152 tokens (73,728 tokens), forward + backward with per-layer rec
 
 Prints barerl's step time, tokens/s, TFLOP/s and MFU (against an 8192^3 bf16 product measured in the same
 run), peak GPU memory and phase times, then the same for torch + transformers (bf16 weights, gradient
-checkpointing, fused AdamW, micro-batch 16) and the ratio. Usage: python bench/bench_train_step.py [--quick]
+checkpointing, fused AdamW, micro-batch 16) and the ratio. The loss is SFT-like (d loss / d log-prob =
+-1/n at every token), so barerl's LM head runs each chunk's backward inside its forward unless
+--unfused-head (the forward, then the backward recomputing the logits). Usage:
+python bench/bench_train_step.py [--quick] [--unfused-head]
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def training_flops(cfg: dict, num_params: int, seqs: int, seqlen: int) -> float:
     return 6 * num_params * tokens + attention * seqs
 
 
-def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int, keep=("attention",)) -> dict:
+def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int, keep=("attention",),
+                 fused_head: bool = True) -> dict:
     import cupy as cp
 
     from barerl.config import ModelConfig
@@ -63,14 +67,17 @@ def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: in
                for _ in range(seqs // micro)]
     n = float(seqs * (seqlen - 1))
 
+    def token_grad(logp, start, stop):
+        return cp.full(stop - start, -1.0 / n, cp.float32)
+
     def loss_fn(logp, entropy):
-        d = cp.full(logp.shape, -1.0 / n, cp.float32)
-        return float(-logp.sum()) / n, d, {}
+        return float(-logp.sum()) / n, token_grad(logp, 0, logp.shape[0]), {}
 
     def step() -> dict:
         t0 = time.perf_counter()
         optimizer.zero_grad()
-        loss = sum(model.forward_backward(b, loss_fn, optimizer.grads, checkpoint=True, keep_ops=keep)[0]
+        loss = sum(model.forward_backward(b, loss_fn, optimizer.grads, checkpoint=True, keep_ops=keep,
+                                          token_grad=token_grad if fused_head else None)[0]
                    for b in batches)
         cp.cuda.Device().synchronize()
         t1 = time.perf_counter()
@@ -90,7 +97,7 @@ def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: in
             "fwd_bwd_s": float(np.median([r["fwd_bwd"] for r in runs])),
             "optimizer_s": float(np.median([r["optimizer"] for r in runs])),
             "peak_gib": cp.get_default_memory_pool().total_bytes() / 2**30, "loss": runs[-1]["loss"],
-            "num_params": cfg.num_parameters()}
+            "num_params": cfg.num_parameters(), "fused_head": fused_head}
 
 
 def bench_torch(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int) -> dict:
@@ -132,6 +139,8 @@ def main() -> None:
     parser.add_argument("--keep", nargs="+", default=["attention"], metavar="OPS",
                         help="ops kept through recomputation, comma-separated; several sets: one barerl row each "
                              "(the first is the row named barerl)")
+    parser.add_argument("--unfused-head", action="store_true",
+                        help="the LM head's backward after the loss, recomputing each chunk's logits")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     seqs, seqlen, micro, repeats = (8, 1152, 8, 1) if args.quick else (64, 1152, 16, 3)
@@ -140,7 +149,8 @@ def main() -> None:
     rate = matmul_rate(cp)
     variants = []
     for i, keep in enumerate(args.keep):
-        variants.append(bench_barerl(QWEN3_06B, seqs, seqlen, micro, repeats, tuple(filter(None, keep.split(",")))))
+        ops = tuple(filter(None, keep.split(",")))
+        variants.append(bench_barerl(QWEN3_06B, seqs, seqlen, micro, repeats, ops, not args.unfused_head))
         if i:
             variants[-1]["system"] = f"barerl, keeps {keep}"
     ours = variants[0]

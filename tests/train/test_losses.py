@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from barerl.train.losses import (
+    LOSS_TYPES,
+    PolicyLoss,
     group_advantages,
     logprob_mismatch,
     per_token,
     policy_loss,
     sft_loss,
+    sft_token_grad,
     zero_std_groups,
 )
 
@@ -272,6 +275,57 @@ def test_policy_loss_errors():
         policy_loss(lp, old, adv, mask, np.array([0, 3, 4]))
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(lp, old, adv[:3], mask, cu)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Token-local gradients a chunk of tokens at a time (the model's fused LM head) against the whole batch's
+
+
+def _in_chunks(token_grad, logp, chunk_size=3):
+    t = logp.shape[0]
+    return np.concatenate([token_grad(logp[a : a + chunk_size], a, min(a + chunk_size, t))
+                           for a in range(0, t, chunk_size)])
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("epsilon_high", [None, 0.28])
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("with_old", [True, False], ids=["old", "old=None"])
+@pytest.mark.parametrize("correction", [None, "token_truncate", "token_mask"])
+def test_policy_token_grad_equals_policy_loss_dlogp(loss_type, epsilon_high, beta, with_old, correction):
+    lp, old, adv, mask, cu, ref, behaviour = _random_batch(seed=len(loss_type))
+    lp, old, adv, mask, ref, behaviour = (x.astype(np.float32) for x in (lp, old, adv, mask, ref, behaviour))
+    old = old if with_old else None
+    kwargs = {"loss_type": loss_type, "epsilon": 0.2, "epsilon_high": epsilon_high, "beta": beta,
+              "ref_logp": ref, "max_completion_length": 8, "behaviour_logp": behaviour,
+              "importance_sampling_mode": correction, "importance_sampling_cap": 1.5, "num_micro_batches": 2}
+    _, want, metrics = policy_loss(lp, old, adv, mask, cu, **kwargs)
+    got = _in_chunks(PolicyLoss(old, adv, mask, cu, **kwargs).token_grad, lp)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+    if with_old:
+        assert metrics["clip_ratio/region"] > 0  # the clipped branch is covered
+    if correction:
+        assert metrics[f"is_weight/{'masked' if correction == 'token_mask' else 'truncated'}_fraction"] > 0
+
+
+@pytest.mark.parametrize("level,correction", [("sequence", None), ("sequence", "token_truncate"),
+                                              ("token", "sequence_truncate"), ("token", "sequence_mask")])
+def test_no_token_grad_where_the_gradient_needs_whole_sequences(level, correction):
+    _, old, adv, mask, cu, _, behaviour = _random_batch(seed=0)
+    policy = PolicyLoss(old, adv, mask, cu, importance_sampling_level=level, behaviour_logp=behaviour,
+                        importance_sampling_mode=correction)
+    assert policy.token_grad is None
+
+
+def test_sft_token_grad_equals_sft_loss_dlogp():
+    lp, _, _, mask, _, _, _ = _random_batch(seed=2)
+    lp, mask = lp.astype(np.float32), mask.astype(np.float32)
+    for normaliser in (None, 40):
+        _, want = sft_loss(lp, mask, normaliser)
+        got = _in_chunks(sft_token_grad(mask, normaliser), lp)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ Design:
   the ops named in `keep` (default: attention, the costliest to redo per byte kept; see model/recompute.py)
   and recomputes the rest of the layer during backward.
 - Training losses are the caller's: `forward_backward` hands the per-token log-probs to a loss function
-  that returns (loss, d loss / d log-probs, metrics), and backpropagates from there.
+  that returns (loss, d loss / d log-probs, metrics), and backpropagates from there. A token-local loss
+  (its gradient at a token needs only that token's log-prob) may also give `token_grad`, the gradient of a
+  chunk of tokens; the LM head then runs each chunk's backward on the logits of its forward, one
+  vocabulary GEMM per chunk instead of two.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class SamplingFilter:
 
 
 LossFn = Callable[[object, object], tuple[float, object, dict]]
+# A token-local loss's gradient over a chunk of tokens: (logp[start:stop], start, stop) -> dlogp[start:stop]
+TokenGrad = Callable[[object, int, int], object]
 
 
 class Model:
@@ -194,22 +199,36 @@ class Model:
                                                  f.top_p, f.min_p)
         return ops.lm_head_backward(dlogp, h, w, targets, lse, dw, 1.0 / f.temperature)
 
+    def _head_and_loss(self, h, targets, loss_fn: LossFn, token_grad: TokenGrad | None, dw,
+                       f: SamplingFilter):
+        """The LM head's forward, the loss and the head's backward: (loss, metrics, dh); dw += ..."""
+        if token_grad is None or f.truncates:  # the filtered head has no fused twin
+            logp, lse, entropy = self._head_logprobs(h, targets, f)
+            loss, dlogp, metrics = loss_fn(logp, entropy)
+            dh = self._head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, targets, lse, dw, f)
+            return loss, metrics, dh
+        ops, w = self.backend, self.params.lm_head
+        logp, _, entropy, dh = ops.lm_head_forward_backward(h, w, targets, token_grad, dw, 1.0 / f.temperature)
+        loss, _, metrics = loss_fn(logp, entropy)  # token_grad gave the gradient already
+        return loss, metrics, dh
+
     def forward_backward(
         self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter | float = 1.0,
-        checkpoint: bool = True, keep_ops=DEFAULT_KEEP,
+        checkpoint: bool = True, keep_ops=DEFAULT_KEEP, token_grad: TokenGrad | None = None,
     ) -> tuple[float, dict]:
         """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
 
         Gradients accumulate into `grads` (zero it once per optimizer step), so micro-batches add up.
         `checkpoint`: recompute each layer in backward, but for the outputs of the ops in `keep_ops`.
+        `token_grad`: for a token-local loss, the same gradient as loss_fn's, one chunk of tokens at a time
+        (see TokenGrad); unless the sampling filter truncates, the head's backward then runs chunk by chunk
+        inside its forward, and loss_fn gives only the loss and the metrics.
         """
         ops, p, cfg = self.backend, self.params, self.cfg
         f = _as_filter(sampling)
         h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops)
         targets = self.xp.asarray(batch.targets)
-        logp, lse, entropy = self._head_logprobs(h, targets, f)
-        loss, dlogp, metrics = loss_fn(logp, entropy)
-        dh = self._head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, targets, lse, grads.lm_head, f)
+        loss, metrics, dh = self._head_and_loss(h, targets, loss_fn, token_grad, grads.lm_head, f)
         dx = ops.rmsnorm_backward(dh, fwd.x_final, p.final_norm, fwd.rstd_final, grads.final_norm)
         rope, cu = fwd.rope, fwd.cu_seqlens
         for i in reversed(range(cfg.num_hidden_layers)):

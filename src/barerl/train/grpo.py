@@ -6,7 +6,8 @@ Per generation batch:
   2. reward functions score them; advantages are group-relative (TRL's `scale_rewards`);
   3. the completions are packed into micro-batches; the policy loss (TRL's loss types, clip-higher, GSPO,
      TIS/MIS against the engine's sampling log-probs) gives d loss / d log-prob per token, and the model's
-     hand-written backward takes it from there;
+     hand-written backward takes it from there (chunk by chunk inside the LM head's forward where that
+     gradient is token-local: no GSPO, no sequence-level correction, no top-k/top-p/min-p);
   4. AdamW updates the working weights in place; the engine's next generation reads them directly (each
      generate call starts with an empty prefix cache, since cached KV would predate the update).
 Log-probs on both sides come from the same ops at the same temperature, so the logged engine/trainer
@@ -31,7 +32,7 @@ from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
-from barerl.train.losses import logprob_mismatch, policy_loss
+from barerl.train.losses import PolicyLoss, logprob_mismatch
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
 from barerl.train.schedule import resolve_total_steps
@@ -181,26 +182,20 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
             continue
         mask = xp.asarray(tb.batch.loss_mask)
         engine_logp = xp.asarray(tb.engine_logp)
+        policy = _policy_loss(xp, tb, mask, engine_logp, cfg, num_items, num_sequences, len(batches))
 
-        def loss_fn(logp, entropy, tb=tb, mask=mask, engine_logp=engine_logp):
+        def loss_fn(logp, entropy, mask=mask, engine_logp=engine_logp, policy=policy):
             nonlocal entropy_sum
             entropy_sum += float((entropy * mask).sum())
             if measure_mismatch:
                 for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
                     seen[key].append(array)
-            return policy_loss(
-                logp, _dev(xp, tb.old_logp), xp.asarray(tb.advantages), mask, xp.asarray(tb.batch.cu_seqlens),
-                loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                ref_logp=_dev(xp, tb.ref_logp), importance_sampling_level=cfg.importance_sampling_level,
-                max_completion_length=cfg.max_completion_length, behaviour_logp=engine_logp,
-                importance_sampling_mode=cfg.importance_sampling_mode if cfg.importance_sampling_correction else None,
-                importance_sampling_cap=cfg.importance_sampling_cap, num_items_in_batch=num_items,
-                num_sequences_in_batch=num_sequences, num_micro_batches=len(batches),
-            )
+            return policy(logp)
 
         part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
                                                checkpoint=cfg.gradient_checkpointing,
-                                               keep_ops=cfg.gradient_checkpointing_keep)
+                                               keep_ops=cfg.gradient_checkpointing_keep,
+                                               token_grad=policy.token_grad)
         loss += part
         share = tb.batch.num_loss_tokens / num_items
         for key, value in metrics.items():
@@ -212,6 +207,20 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     out = {"loss": loss, "entropy": entropy_sum / num_items, "num_tokens": tokens, **sums}
     out.update(run.optimizer_step())
     return out
+
+
+def _policy_loss(xp, tb: TrainBatch, mask, engine_logp, cfg: GRPOConfig, num_items: int, num_sequences: int,
+                 num_micro_batches: int) -> PolicyLoss:
+    """The policy loss of one micro-batch, prepared before its forward pass."""
+    return PolicyLoss(
+        _dev(xp, tb.old_logp), xp.asarray(tb.advantages), mask, xp.asarray(tb.batch.cu_seqlens),
+        loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
+        ref_logp=_dev(xp, tb.ref_logp), importance_sampling_level=cfg.importance_sampling_level,
+        max_completion_length=cfg.max_completion_length, behaviour_logp=engine_logp,
+        importance_sampling_mode=cfg.importance_sampling_mode if cfg.importance_sampling_correction else None,
+        importance_sampling_cap=cfg.importance_sampling_cap, num_items_in_batch=num_items,
+        num_sequences_in_batch=num_sequences, num_micro_batches=num_micro_batches,
+    )
 
 
 def _dev(xp, array):

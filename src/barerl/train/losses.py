@@ -29,15 +29,27 @@ Design decisions:
 - Gradient of the clipped surrogate w.r.t. the ratio: -A, except where the clip is active (ratio above
   1 + epsilon_high with A > 0, or below 1 - epsilon with A < 0), where it is 0. These are exactly the
   tokens TRL counts as high / low clipped.
+- `PolicyLoss` is prepared once per micro-batch with all that does not depend on `logp` (normalising
+  weights, casts); `policy_loss` is the one-call form.
+- Token-local losses: where d loss / d logp_t needs logp_t alone (SFT; the policy loss at token level,
+  with no correction or a token-level one; with old_logp None the IS weight exp(logp - behaviour) takes
+  logp's value, not its gradient), `sft_token_grad` and `PolicyLoss.token_grad` give dlogp one chunk of
+  tokens at a time, so the model's LM head runs each chunk's backward right after its forward (one
+  vocabulary GEMM per chunk, not two). The chunk path and the whole-batch loss share one elementwise
+  definition (`_token_terms`). GSPO and sequence-level corrections need whole sequences: no token_grad.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from barerl.backend.ref import xp_of
+
+if TYPE_CHECKING:
+    from barerl.model.model import TokenGrad
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -138,13 +150,16 @@ def _to_floats(xp, named: dict) -> dict:
 # Policy loss (GRPO family)
 
 
-def _check_policy_args(logp, tensors: dict, loss_type, importance_sampling_level, importance_sampling_mode,
-                       beta, max_completion_length):
-    if logp.ndim != 1:
-        raise ValueError(f"logp must be (T,), got shape {tuple(logp.shape)}")
-    for name, t in tensors.items():
-        if t is not None and tuple(t.shape) != tuple(logp.shape):
-            raise ValueError(f"{name} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
+def _check_policy_args(tensors: dict, loss_type, importance_sampling_level, importance_sampling_mode, beta,
+                       max_completion_length):
+    """tensors: name -> array or None; the first is (T,) and the others must have its shape."""
+    (first, reference), *others = tensors.items()
+    if reference.ndim != 1:
+        raise ValueError(f"{first} must be (T,), got shape {tuple(reference.shape)}")
+    for name, t in others:
+        if t is not None and tuple(t.shape) != tuple(reference.shape):
+            raise ValueError(f"{name} must have {first}'s shape {tuple(reference.shape)}, "
+                             f"got {tuple(t.shape)}")
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
@@ -174,19 +189,24 @@ def _capped(xp, log_w, log_cap: float, zero_above_cap: bool):
     return weights, over_cap
 
 
+def _token_importance_weights(xp, old, behaviour, m, correction: str, cap: float):
+    """A token-level correction's w_t = exp(old_t - behaviour_t) on loss tokens, capped as `_capped` says,
+    over any slice of the tokens, and where it was over the cap."""
+    return _capped(xp, (old - behaviour) * m, math.log(cap), correction.endswith("_mask"))
+
+
 def _importance_weights(xp, old, behaviour, m, seq_ids, num_seqs, correction: str, cap: float):
     """Behaviour-policy correction w (T,) and its metrics; see the module docstring.
 
     Stats are taken over loss tokens (token level) or over sequences with loss tokens (sequence level).
     """
-    diff = (old - behaviour) * m
     zero_above_cap = correction.endswith("_mask")
     if correction.startswith("sequence"):  # TRL sums (not averages): the product of the token ratios
-        seq_log_w = _segment_sum(xp, diff, seq_ids, num_seqs)
+        seq_log_w = _segment_sum(xp, (old - behaviour) * m, seq_ids, num_seqs)
         seq_weights, over = _capped(xp, seq_log_w, math.log(cap), zero_above_cap)
         weights, w, sel = seq_weights[seq_ids], seq_weights, _segment_sum(xp, m, seq_ids, num_seqs) > 0
     else:
-        weights, over = _capped(xp, diff, math.log(cap), zero_above_cap)
+        weights, over = _token_importance_weights(xp, old, behaviour, m, correction, cap)
         w, sel = weights, m > 0
     count = xp.maximum(sel.sum(), 1)
     any_selected = sel.any()
@@ -214,30 +234,54 @@ def _token_weights(xp, m, tokens_per_seq, seq_ids, num_seqs, loss_type, max_comp
     return m / normaliser  # dapo
 
 
-def policy_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    cu_seqlens,
-    *,
-    loss_type: str = "dapo",
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    beta: float = 0.0,
-    ref_logp=None,
-    importance_sampling_level: str = "token",
-    max_completion_length: int | None = None,
-    behaviour_logp=None,
-    importance_sampling_mode: str | None = None,
-    importance_sampling_cap: float = 3.0,
-    num_items_in_batch: float | None = None,
-    num_sequences_in_batch: int | None = None,
-    num_micro_batches: int = 1,
-):
-    """Clipped policy-gradient loss of the GRPO family on packed tokens, with its gradient.
+class _TokenTerms(NamedTuple):
+    """The elementwise part of the policy loss at each token of a slice of them (see `_token_terms`)."""
 
-    logp (T,): current policy log-probs of the tokens; the only input the gradient is taken against.
+    ratio: object  # r_t
+    per_token: object  # l_t = w_t * surrogate_t + beta * kl_t
+    d_ratio: object  # d loss / d r_t: normalising weight * w_t * d surrogate_t / d r_t
+    d_kl: object  # d loss / d logp_t through kl_t (0 without the KL term)
+    low_clipped: object
+    high_clipped: object
+    kl: object  # k3 estimate of each token, None without ref
+
+    @property
+    def token_level_dlogp(self):
+        """d loss / d logp_t where r_t = exp(logp_t - old_t), so that dr_t / dlogp_t = r_t."""
+        return self.d_ratio * self.ratio + self.d_kl
+
+
+def _token_terms(xp, lp, log_ratio, adv, weights, is_weights, ref, beta, eps_low, eps_high) -> _TokenTerms:
+    """The loss's elementwise part over any slice of the tokens (all of them for the loss, one chunk for the
+    fused head's gradient): one definition, so the two cannot disagree. ref None: no KL term or metric."""
+    ratio = xp.exp(log_ratio)
+    clipped_ratio = xp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    surrogate = -xp.minimum(ratio * adv, clipped_ratio * adv)
+    low_clipped = (ratio < 1.0 - eps_low) & (adv < 0)
+    high_clipped = (ratio > 1.0 + eps_high) & (adv > 0)
+    d_surrogate_d_ratio = xp.where(low_clipped | high_clipped, 0.0, -adv).astype(lp.dtype)
+    per_token, d_kl, kl = surrogate * is_weights, 0.0, None
+    if ref is not None:
+        ref_minus_lp = ref - lp
+        e = xp.exp(ref_minus_lp)
+        kl = e - ref_minus_lp - 1.0
+        if beta != 0.0:
+            per_token = per_token + beta * kl
+            d_kl = weights * beta * (1.0 - e)
+    d_ratio = weights * is_weights * d_surrogate_d_ratio
+    return _TokenTerms(ratio, per_token, d_ratio, d_kl, low_clipped, high_clipped, kl)
+
+
+class PolicyLoss:
+    """Clipped policy-gradient loss of the GRPO family on one micro-batch's packed tokens, with its gradient.
+
+    Built before the log-probs exist, it holds what does not depend on them (each token's normalising
+    weight; advantages, mask, old / behaviour / reference log-probs in the arithmetic's dtype). Called on
+    logp (T,), the current policy's log-probs of the tokens (the only input the gradient is taken against),
+    it returns (loss: float, dlogp: (T,) array, metrics: dict of floats): clip_ratio/{low,high,region},
+    kl (when ref_logp is given) and is_weight/* (when a correction is on). `token_grad` gives the same
+    dlogp a chunk of tokens at a time, where that is possible.
+
     old_logp (T,) or None: log-probs of the policy that generated the rollouts, as computed by the
         trainer (TRL's old_per_token_logps); None means "same as logp" (num_iterations == 1): ratio 1.
     advantages (T,): each token's advantage (its sequence's, broadcast). mask (T,): 1 on loss tokens.
@@ -246,64 +290,105 @@ def policy_loss(
         "token_truncate" (TIS), "token_mask", "sequence_truncate", "sequence_mask" (MIS)) the per-token
         loss is weighted by exp(old - behaviour), capped at `importance_sampling_cap` or zeroed above it.
     epsilon_high defaults to epsilon (symmetric clip); DAPO's clip-higher sets it larger.
-    Returns (loss: float, dlogp: (T,) array, metrics: dict of floats): clip_ratio/{low,high,region},
-    kl (when ref_logp is given) and is_weight/* (when a correction is on).
+    dtype: of the arithmetic and of dlogp: fp32 (the model's log-probs), or fp64 (finite differences).
     """
-    _check_policy_args(
-        logp, {"old_logp": old_logp, "advantages": advantages, "mask": mask, "ref_logp": ref_logp,
-               "behaviour_logp": behaviour_logp},
-        loss_type, importance_sampling_level, importance_sampling_mode, beta, max_completion_length,
-    )
-    xp = xp_of(logp)
-    dt = _compute_dtype(logp)
-    lp, m, adv = logp.astype(dt), mask.astype(dt), advantages.astype(dt)
-    old = lp if old_logp is None else old_logp.astype(dt)
-    seq_ids, num_seqs = _sequence_ids(xp, cu_seqlens, lp.shape[0])
-    tokens_per_seq = _segment_sum(xp, m, seq_ids, num_seqs)
-    eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
 
-    log_ratio = lp - old
-    if importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, geometric mean
-        seq_log_ratio = _segment_sum(xp, log_ratio * m, seq_ids, num_seqs) / xp.maximum(tokens_per_seq, 1.0)
-        log_ratio = seq_log_ratio[seq_ids]
-    ratio = xp.exp(log_ratio)
-    clipped_ratio = xp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    surrogate = -xp.minimum(ratio * adv, clipped_ratio * adv)
-    low_clipped = (ratio < 1.0 - eps_low) & (adv < 0)
-    high_clipped = (ratio > 1.0 + eps_high) & (adv > 0)
-    d_surrogate_d_ratio = xp.where(low_clipped | high_clipped, 0.0, -adv).astype(dt)
-
-    metrics = {}
-    is_weights = xp.ones_like(lp)
-    if importance_sampling_mode is not None:
-        is_weights, is_metrics = _importance_weights(
-            xp, old, behaviour_logp.astype(dt), m, seq_ids, num_seqs, importance_sampling_mode,
-            importance_sampling_cap,
+    def __init__(
+        self,
+        old_logp,
+        advantages,
+        mask,
+        cu_seqlens,
+        *,
+        loss_type: str = "dapo",
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        beta: float = 0.0,
+        ref_logp=None,
+        importance_sampling_level: str = "token",
+        max_completion_length: int | None = None,
+        behaviour_logp=None,
+        importance_sampling_mode: str | None = None,
+        importance_sampling_cap: float = 3.0,
+        num_items_in_batch: float | None = None,
+        num_sequences_in_batch: int | None = None,
+        num_micro_batches: int = 1,
+        dtype=np.float32,
+    ):
+        _check_policy_args(
+            {"mask": mask, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp,
+             "behaviour_logp": behaviour_logp},
+            loss_type, importance_sampling_level, importance_sampling_mode, beta, max_completion_length,
         )
-        metrics.update(is_metrics)
-    per_token = surrogate * is_weights
-    weights = _token_weights(xp, m, tokens_per_seq, seq_ids, num_seqs, loss_type, max_completion_length,
-                             num_items_in_batch, num_sequences_in_batch, num_micro_batches)
+        self.xp = xp = xp_of(mask, advantages)
+        self.dtype = dtype
+        cast = lambda x: None if x is None else x.astype(dtype)
+        self.mask, self.advantages = cast(mask), cast(advantages)
+        self.old, self.behaviour, self.ref = cast(old_logp), cast(behaviour_logp), cast(ref_logp)
+        self.seq_ids, self.num_seqs = _sequence_ids(xp, cu_seqlens, mask.shape[0])
+        self.tokens_per_seq = _segment_sum(xp, self.mask, self.seq_ids, self.num_seqs)
+        self.weights = _token_weights(xp, self.mask, self.tokens_per_seq, self.seq_ids, self.num_seqs,
+                                      loss_type, max_completion_length, num_items_in_batch,
+                                      num_sequences_in_batch, num_micro_batches)
+        self.epsilon = (epsilon, epsilon if epsilon_high is None else epsilon_high)
+        self.beta, self.level = beta, importance_sampling_level
+        self.correction, self.cap = importance_sampling_mode, importance_sampling_cap
 
-    d_ratio = weights * is_weights * d_surrogate_d_ratio  # dloss / dratio_t
-    if importance_sampling_level == "token":
-        dlogp = d_ratio * ratio
-    else:  # dratio_s / dlogp_u = ratio_s * m_u / n_s for every u in sequence s
-        d_seq = _segment_sum(xp, d_ratio, seq_ids, num_seqs) / xp.maximum(tokens_per_seq, 1.0)
-        dlogp = d_seq[seq_ids] * ratio * m
-    num_loss_tokens = xp.maximum(m.sum(), 1.0)
-    if ref_logp is not None:
-        ref_minus_lp = ref_logp.astype(dt) - lp
-        kl = xp.exp(ref_minus_lp) - ref_minus_lp - 1.0
-        metrics["kl"] = (kl * m).sum() / num_loss_tokens
-        if beta != 0.0:
-            per_token = per_token + beta * kl
-            dlogp = dlogp + weights * beta * (1.0 - xp.exp(ref_minus_lp))
-    metrics.update(_clip_metrics(xp, low_clipped, high_clipped, m, seq_ids, num_seqs, tokens_per_seq,
-                                 importance_sampling_level))
-    loss = (weights * per_token).sum()
-    values = _to_floats(xp, {"loss": loss, **metrics})
-    return values.pop("loss"), dlogp.astype(dt), values
+    def __call__(self, logp) -> tuple[float, object, dict]:
+        if tuple(logp.shape) != tuple(self.mask.shape):
+            raise ValueError(f"logp must have mask's shape {tuple(self.mask.shape)}, got {tuple(logp.shape)}")
+        xp, m, seq_ids, num_seqs = self.xp, self.mask, self.seq_ids, self.num_seqs
+        seq_tokens = xp.maximum(self.tokens_per_seq, 1.0)
+        lp = logp.astype(self.dtype)
+        old = lp if self.old is None else self.old
+        log_ratio = lp - old
+        if self.level == "sequence":  # GSPO: one ratio per sequence, geometric mean
+            log_ratio = (_segment_sum(xp, log_ratio * m, seq_ids, num_seqs) / seq_tokens)[seq_ids]
+        metrics, is_weights = {}, 1.0
+        if self.correction is not None:
+            is_weights, metrics = _importance_weights(xp, old, self.behaviour, m, seq_ids, num_seqs,
+                                                      self.correction, self.cap)
+        terms = _token_terms(xp, lp, log_ratio, self.advantages, self.weights, is_weights, self.ref,
+                             self.beta, *self.epsilon)
+        if self.level == "token":
+            dlogp = terms.token_level_dlogp
+        else:  # dratio_s / dlogp_u = ratio_s * m_u / n_s for every u in sequence s
+            d_seq = _segment_sum(xp, terms.d_ratio, seq_ids, num_seqs) / seq_tokens
+            dlogp = d_seq[seq_ids] * terms.ratio * m + terms.d_kl
+        if terms.kl is not None:
+            metrics["kl"] = (terms.kl * m).sum() / xp.maximum(m.sum(), 1.0)
+        metrics.update(_clip_metrics(xp, terms.low_clipped, terms.high_clipped, m, seq_ids, num_seqs,
+                                     self.tokens_per_seq, self.level))
+        values = _to_floats(xp, {"loss": (self.weights * terms.per_token).sum(), **metrics})
+        return values.pop("loss"), dlogp.astype(self.dtype), values
+
+    @property
+    def token_grad(self) -> TokenGrad | None:
+        """dlogp of a chunk of tokens, (logp[start:stop], start, stop) -> dlogp[start:stop], for the model's
+        fused LM head; None where a token's gradient needs its whole sequence (GSPO's sequence ratio, a
+        sequence-level correction)."""
+        sequence_correction = self.correction is not None and self.correction.startswith("sequence")
+        whole_sequences = self.level == "sequence" or sequence_correction
+        return None if whole_sequences else self._chunk_dlogp
+
+    def _chunk_dlogp(self, logp, start: int, stop: int):
+        rows = slice(start, stop)
+        lp = logp.astype(self.dtype)
+        old = lp if self.old is None else self.old[rows]
+        is_weights = 1.0
+        if self.correction is not None:  # token level: token_grad is None for the sequence-level ones
+            is_weights, _ = _token_importance_weights(self.xp, old, self.behaviour[rows], self.mask[rows],
+                                                      self.correction, self.cap)
+        ref = self.ref[rows] if self.beta != 0.0 else None  # the kl metric is the whole-batch call's
+        terms = _token_terms(self.xp, lp, lp - old, self.advantages[rows], self.weights[rows], is_weights,
+                             ref, self.beta, *self.epsilon)
+        return terms.token_level_dlogp.astype(self.dtype)
+
+
+def policy_loss(logp, old_logp, advantages, mask, cu_seqlens, **options) -> tuple[float, object, dict]:
+    """`PolicyLoss(old_logp, advantages, mask, cu_seqlens, **options)(logp)`, in fp32, or in fp64 when logp is
+    fp64: (loss: float, dlogp (T,), metrics: dict of floats)."""
+    return PolicyLoss(old_logp, advantages, mask, cu_seqlens, dtype=_compute_dtype(logp), **options)(logp)
 
 
 def _clip_metrics(xp, low, high, m, seq_ids, num_seqs, tokens_per_seq, level):
@@ -332,12 +417,22 @@ def sft_loss(logp, mask, normaliser: float | None = None):
     """
     if logp.shape != mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and mask {tuple(mask.shape)} must have the same shape")
-    xp = xp_of(logp)
     dt = _compute_dtype(logp)
-    m = mask.astype(dt)
-    n = normaliser if normaliser is not None else xp.maximum(m.sum(), 1.0)
-    dlogp = -m / n
+    dlogp = _sft_dlogp(mask, normaliser, dt)
     return float((dlogp * logp.astype(dt)).sum()), dlogp.astype(dt)
+
+
+def sft_token_grad(mask, normaliser: float | None = None) -> TokenGrad:
+    """`sft_loss`'s dlogp (fp32) a chunk of tokens at a time, for the model's fused LM head: it does not even
+    depend on logp."""
+    dlogp = _sft_dlogp(mask, normaliser, np.float32)
+    return lambda logp, start, stop: dlogp[start:stop]
+
+
+def _sft_dlogp(mask, normaliser, dtype):
+    xp = xp_of(mask)
+    m = mask.astype(dtype)
+    return -m / (normaliser if normaliser is not None else xp.maximum(m.sum(), 1.0))
 
 
 def logprob_mismatch(engine_logp, trainer_logp, mask) -> dict:

@@ -4,7 +4,9 @@ One optimizer step = `gradient_accumulation_steps` micro-batches. With packing (
 as many whole sequences as fit in `max_tokens_per_microbatch` (attention never crosses sequences, so packing
 does not change the loss); without it, `per_device_train_batch_size` sequences. The loss is the mean
 negative log-likelihood over every loss token of the optimizer step (the normaliser spans all its
-micro-batches), so accumulation and packing give the same gradient as one big batch.
+micro-batches), so accumulation and packing give the same gradient as one big batch. Its gradient is
+token-local (-mask / normaliser), so the LM head runs each chunk's backward inside its forward
+(`sft_token_grad`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from barerl.train.data import (
     tokenize_dataset,
     train_eval_split,
 )
-from barerl.train.losses import sft_loss
+from barerl.train.losses import sft_loss, sft_token_grad
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -99,7 +101,7 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
             part, _ = model.forward_backward(
                 batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
                 run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
-                keep_ops=cfg.gradient_checkpointing_keep,
+                keep_ops=cfg.gradient_checkpointing_keep, token_grad=sft_token_grad(mask, normaliser),
             )
             loss += part
         metrics = run.optimizer_step()
