@@ -1,9 +1,8 @@
 """The linear layers' matrix products at T1 and decode shapes: the GemmEx path against cuBLASLt's candidates.
 
 For each Qwen3-0.6B linear layer (qkv, o_proj + residual, gate_up, down + residual) at T1's 18,432 rows and
-at G1's 64 decode rows, times: `linear` as shipped (cuBLASLt's tuned choice; our linear_rows kernel for decode
-rows, and what ran before it),
-every algorithm cuBLASLt's heuristic proposes with the residual as C, and the tuned choice. Also the
+at G1's 64 decode rows, times: `linear` as shipped (cuBLASLt's tuned choice; split-K for decode rows with a
+long K), every algorithm cuBLASLt's heuristic proposes with the residual as C, and the tuned choice. Also the
 backward products at T1 rows (dx = dy w, dw += dy^T x) through GemmEx and Lt. Times are CUDA-graph replays
 of 10 back-to-back calls (device time, no launch cost), median of 10 replays; results are checked against
 GemmEx's (relative error).
@@ -63,7 +62,6 @@ def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> li
     import cupy
 
     from barerl.kernels import cublaslt
-    from barerl.kernels import linear as linear_module
     from barerl.kernels.cublas import gemm
     from barerl.kernels.linear import linear
 
@@ -76,12 +74,6 @@ def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> li
     case = f"{name} fwd"
     rows_out = [result(case, rows, "linear", replay_us(lambda: linear(x, w, residual=residual)), flops, nbytes,
                        rel_err(linear(x, w, residual=residual), want))]
-    if linear_module.rows_kernel_applies(x, w):  # what linear ran before linear_rows: split-K or cuBLASLt
-        applies, linear_module.rows_kernel_applies = linear_module.rows_kernel_applies, lambda x, w: False
-        rows_out.append(result(case, rows, "linear without linear_rows",
-                               replay_us(lambda: linear(x, w, residual=residual)), flops, nbytes,
-                               rel_err(linear(x, w, residual=residual), want)))
-        linear_module.rows_kernel_applies = applies
     count = cublaslt.candidates(x, w, out, transb=True, c=residual)
     return rows_out + lt_variants(
         case, rows, lambda algo: cublaslt.matmul(x, w, out, transb=True, beta=1.0 if has_residual else 0.0,

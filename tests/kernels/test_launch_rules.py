@@ -8,7 +8,7 @@ from test_linear import SPLIT_K_SHAPES
 from barerl.engine.device_memory import _AccessDesc, _AllocationProp
 from barerl.kernels import paged_attention
 from barerl.kernels.cublaslt import HeuristicResult, _tuning_key, alignment
-from barerl.kernels.linear import rows_splits, split_k_parts
+from barerl.kernels.linear import split_k_parts
 
 
 def test_split_k_is_taken_by_decode_shapes_only():
@@ -53,11 +53,3 @@ def test_decode_attention_splits_only_when_few_ctas(monkeypatch):
     assert paged_attention.num_splits(64, 8, 2048) == paged_attention.num_splits(256, 8, 2048) == 1
     assert paged_attention.num_splits(1, 8, 32768) == 66 and paged_attention.num_splits(16, 8, 4096) == 5
     assert paged_attention.num_splits(1, 8, 512) == 4  # capped by the context: 4 parts of 128 keys
-
-
-def test_decode_rows_kernel_splits_k_to_two_ctas_per_sm():
-    """linear_rows on 132 SMs, Qwen3-0.6B's layers: qkv, gate_up, o_proj, down; parts of whole 64-wide tiles,
-    at most 8 (the last CTA of a tile sums them)."""
-    shapes = [(4096, 1024), (6144, 1024), (1024, 2048), (1024, 3072)]
-    assert [rows_splits(n, k, 132) for n, k in shapes] == [4, 2, 8, 8]
-    assert rows_splits(64, 128, 132) == 2 and rows_splits(8192, 64, 132) == 1

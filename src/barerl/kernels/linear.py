@@ -4,10 +4,7 @@ The forward runs on cuBLASLt (kernels/cublaslt.py): the residual is its C operan
 epilogue, so one kernel writes the output, rounded once (the reference sums in fp32 too; the residual
 enters as bf16, as in the reference). Decode-sized GEMMs with a long K (see
 `split_k_parts`) run split-K instead: S fp32 parts from one batched GEMM, summed with bias + residual by one
-kernel and rounded once. A decode step's rows (at most 64, `rows_kernel_applies`) run our own kernel on
-sm_90 (csrc/linear_rows.cu): K split across the CTAs of a thread-block cluster, the fp32 parts summed in
-split order through distributed shared memory with bias and residual; one launch, deterministic. Weight
-gradients accumulate with beta = 1 into
+kernel and rounded once. Weight gradients accumulate with beta = 1 into
 `dw` in its own dtype (fp32 grads: no rounding of the sum); the bias gradient is a GEMM with a ones vector.
 """
 
@@ -15,15 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from barerl.kernels.build import compute_capability, ctype, load_kernel
+from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.cublas import gemm_split_k
 from barerl.kernels.cublaslt import matmul
-from barerl.kernels.launch import multiprocessors, num_blocks, ptr
+from barerl.kernels.launch import num_blocks, ptr
 
 _ones: dict[tuple, object] = {}
-_ROWS_MAX, _ROWS_TILE, _ROWS_THREADS, _ROWS_STAGES = 64, 64, 128, 4
-_ROWS_CTAS_PER_SM = 2
-_ROWS_MAX_SPLITS = 8  # the largest portable thread-block cluster
 _SPLIT_K_MAX_ROWS = 256
 _SPLIT_K_CHUNK = 512  # K per part: the fp32 parts (S x rows x N) stay small and in L2
 
@@ -40,37 +34,6 @@ def split_k_parts(rows: int, k: int, n: int) -> int:
     return k // _SPLIT_K_CHUNK
 
 
-def rows_kernel_applies(x, w) -> bool:
-    """linear_rows covers at most 64 rows of a 16-bit dtype, N and K multiples of 64, 16-byte aligned rows,
-    on sm_90 or newer (its K parts meet in a thread-block cluster)."""
-    item = x.dtype.itemsize
-    aligned = all(a.strides[1] == item and (a.strides[0] // item) % 8 == 0 and a.data.ptr % 16 == 0 for a in (x, w))
-    return (0 < x.shape[0] <= _ROWS_MAX and item == 2 and w.shape[0] % _ROWS_TILE == 0
-            and x.shape[1] % _ROWS_TILE == 0 and aligned and int(compute_capability()) >= 90)
-
-
-def rows_splits(n: int, k: int, sms: int) -> int:
-    """K parts per column tile of linear_rows: about _ROWS_CTAS_PER_SM CTAs per SM in all, each part a whole
-    number of 64-wide K tiles."""
-    tiles, k_tiles = n // _ROWS_TILE, k // _ROWS_TILE
-    target = min(max(1, round(_ROWS_CTAS_PER_SM * sms / tiles)), _ROWS_MAX_SPLITS, k_tiles)
-    return max(d for d in range(1, target + 1) if k_tiles % d == 0)
-
-
-def _linear_rows(x, w, bias, residual, out):
-    n, k = w.shape
-    splits = rows_splits(n, k, multiprocessors())
-    kernel = load_kernel("linear_rows.cu", "linear_rows", {"DTYPE": ctype(x.dtype), "SPLITS": splits})
-    smem = _ROWS_STAGES * 2 * _ROWS_TILE * (_ROWS_TILE + 8) * x.dtype.itemsize
-    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, smem)
-    item = x.dtype.itemsize
-    kernel((n // _ROWS_TILE, splits), (_ROWS_THREADS,),
-           (out, x, w, ptr(bias), ptr(residual), np.int32(x.shape[0]), np.int32(n), np.int32(k // splits),
-            np.int64(x.strides[0] // item), np.int64(w.strides[0] // item)),
-           shared_mem=smem)
-    return out
-
-
 def linear(x, w, bias=None, residual=None):
     """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N), x's dtype."""
     import cupy
@@ -79,8 +42,6 @@ def linear(x, w, bias=None, residual=None):
     out = cupy.empty((x.shape[0], w.shape[0]), x.dtype)
     if residual is not None:
         residual = cupy.ascontiguousarray(residual)
-    if rows_kernel_applies(x, w):
-        return _linear_rows(x, w, bias, residual, out)
     parts = split_k_parts(x.shape[0], x.shape[1], w.shape[0])
     if parts > 1:
         partials = gemm_split_k(x, w, cupy.empty((parts, *out.shape), np.float32))
