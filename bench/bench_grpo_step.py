@@ -43,7 +43,8 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
     return [zlib.crc32(c.encode()) % 100 / 100 for c in completions]
 
 
-def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False) -> dict:
+def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False,
+        keep: tuple[str, ...] = ("attention",)) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -67,6 +68,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         max_tokens_per_microbatch=16 * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
         log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer,
+        gradient_checkpointing_keep=keep,
     )
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
@@ -77,7 +79,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         records = [json.loads(line) for line in f]
     timed = records[1:] or records
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
-    system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "")
+    system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "") + (
+        f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
               "mismatch_max": max(r["mismatch/max"] for r in timed),
@@ -96,9 +99,12 @@ def main() -> None:
     parser.add_argument("--num-scheduler-steps", type=int, default=8, help="engine decode steps per graph launch")
     parser.add_argument("--offload-optimizer", action="store_true",
                         help="GRPO's offload_optimizer: the fp32 state in host memory while generating")
+    parser.add_argument("--keep", default="attention", metavar="OPS",
+                        help="gradient_checkpointing_keep, comma-separated (e.g. attention,linear)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer)
+    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer,
+            tuple(args.keep.split(",")))
     print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, "
           f"score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "

@@ -1,7 +1,7 @@
 """Run a script with module attributes set first: A/B of a knob in one device call, no code edited.
 
-    python bench/with_settings.py barerl.kernels.paged_attention._KV_EVICT_FIRST=1 -- bench/bench_generate.py --no-peer
-    python bench/with_settings.py barerl.backend.cuda.prefetch_l2=@barerl.backend.ref.nn.prefetch_l2 -- ...
+    python bench/with_settings.py barerl.kernels.paged_attention._UNSPLIT_CTAS_PER_SM=4 -- bench/bench_generate.py --no-peer
+    python bench/with_settings.py barerl.backend.cuda.rmsnorm=@barerl.backend.ref.nn.rmsnorm -- ...
 
 A value is a Python literal, or `@module.attr` for another object (a function, say).
 """

@@ -30,7 +30,6 @@ _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
 _UNSPLIT_CTAS_PER_SM = 2  # no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2
 _MIN_SPLIT_TOKENS = 128
-_KV_EVICT_FIRST = 0  # K/V loads evict-first in L2 (the kernel's KV_EVICT_FIRST; off until measured)
 _num_sms: dict[int, int] = {}
 
 
@@ -86,8 +85,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
         q_stride = H * D
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
-    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
-               "KV_EVICT_FIRST": _KV_EVICT_FIRST}
+    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out

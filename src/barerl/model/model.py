@@ -135,7 +135,6 @@ class Model:
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
-            ops.prefetch_l2(w.flat)  # few-row products cannot stream their weights at HBM speed: L2 can
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
 
             def rotate_and_store(*args, k_cache=k_cache, v_cache=v_cache):  # k and v go to the cache here

@@ -79,7 +79,6 @@ class LayerView:
     post_norm: object  # (C,)
     gate_up: object  # (2I, C): gate_proj, up_proj stacked
     down: object  # (C, I)
-    flat: object  # the layer's whole range of the flat buffer, 1-D
 
 
 class ParameterBuffer:
@@ -131,7 +130,6 @@ class ParameterBuffer:
             post_norm=self.views[p + "post_attention_layernorm.weight"],
             gate_up=self._span(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", 2 * cfg.intermediate_size),
             down=self.views[p + "mlp.down_proj.weight"],
-            flat=self._span(p + "input_layernorm.weight", p + "mlp.down_proj.weight", 1)[0],
         )
 
     def __getitem__(self, name: str):

@@ -34,7 +34,6 @@ __all__ = [
     "lm_head_logits",
     "lm_head_logprobs",
     "paged_attention",
-    "prefetch_l2",
     "qk_norm_rope",
     "qk_norm_rope_backward",
     "qk_norm_rope_store",
@@ -306,10 +305,6 @@ def advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, cou
     positions[...] = xp.where(live, next_positions, positions)
     context_lens[...] = xp.where(live, context_lens + 1, context_lens)
     counters[...] = xp.where(live, counters + 1, counters)
-
-
-def prefetch_l2(x) -> None:
-    """A hint that x is read soon (the GPU fetches it into L2); nothing to do on the CPU."""
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):

@@ -17,18 +17,6 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
-// The same copy with an L2 evict-first policy (from l2_evict_first()): for data streamed once, so that it
-// does not push out what L2 should keep (weights prefetched for the next products).
-__device__ __forceinline__ unsigned long long l2_evict_first() {
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-__device__ __forceinline__ void cp_async16_evict_first(void* dst, const void* src, int src_bytes,
-                                                       unsigned long long policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(src_bytes), "l"(policy));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

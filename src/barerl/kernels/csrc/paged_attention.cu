@@ -15,16 +15,13 @@
 //          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
 //          o_part (T, H, num_splits, D) fp32 and lse_part (T, H, num_splits) fp32 (unused with one split).
 // Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
-// Also built with: KV_EVICT_FIRST=0
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
 //          round, the next round in flight (cp.async) while one is used, and keep an online softmax of their own (running
 //          max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups merge through shared memory at the end.
-// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
-//          KV_EVICT_FIRST (default 1): K/V loads marked L2 evict-first (streamed once; the engine keeps the
-//          layer's weights in L2 for its products, see prefetch.cu).
+// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
 #include "mma.cuh"
 
 #ifndef Q_T
@@ -35,9 +32,6 @@
 #endif
 #ifndef GROUP
 #define GROUP 2
-#endif
-#ifndef KV_EVICT_FIRST
-#define KV_EVICT_FIRST 1
 #endif
 
 constexpr int THREADS = 128;
@@ -158,22 +152,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     // 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
     __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
-#if KV_EVICT_FIRST
-    const unsigned long long policy = l2_evict_first();
-#endif
     auto request = [&](int base, int slot) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int j = base + u * NTG + tg;
             const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
-            const int bytes = j < end ? 16 : 0;  // zeros past end
-#if KV_EVICT_FIRST
-            cp_async16_evict_first(&ring_k[slot][u][threadIdx.x], k_cache + row, bytes, policy);
-            cp_async16_evict_first(&ring_v[slot][u][threadIdx.x], v_cache + row, bytes, policy);
-#else
-            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, bytes);
-            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, bytes);
-#endif
+            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
+            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
         }
         cp_async_commit();
     };
