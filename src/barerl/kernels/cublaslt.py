@@ -146,16 +146,12 @@ class _Lt(LibraryHandle):
     def _checked(self, plan: _Plan, algo_bytes: bytes) -> object:
         """The recorded algorithm as a HeuristicResult if cuBLASLt accepts it for this exact plan, else the
         heuristic's first pick."""
-        return self._accepted(plan.desc, plan.layouts, algo_bytes) or plan.candidates[0]
-
-    def _accepted(self, desc, layouts, algo_bytes: bytes) -> HeuristicResult | None:
-        """An algorithm (its bytes) as a HeuristicResult, if cuBLASLt accepts it for these descriptors within
-        the workspace; else None."""
         result = HeuristicResult()
         ctypes.memmove(result.algo, algo_bytes, min(len(algo_bytes), ctypes.sizeof(result.algo)))
-        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
+        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, plan.desc, *plan.layouts, ctypes.byref(result.algo),
                                                   ctypes.byref(result))
-        return result if status == 0 and result.workspace_size <= WORKSPACE_BYTES else None
+        accepted = status == 0 and result.workspace_size <= WORKSPACE_BYTES
+        return result if accepted else plan.candidates[0]
 
     def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
         lib = self.lib
