@@ -22,6 +22,7 @@ ENGINE_CONFIGS = {
     "lookahead-4": {"num_scheduler_steps": 4},
     "lookahead-3-max-num-seqs-3": {"num_scheduler_steps": 3, "max_num_seqs": 3},
     "lookahead-4-preemption": {"num_scheduler_steps": 4, "num_kv_blocks": 16},
+    "lookahead-4-synchronous": {"num_scheduler_steps": 4, "async_scheduling": False},
 }
 SHARED = list(range(1, 10))
 PROMPTS = [list(range(3, 8)), list(range(11, 24)), [5], SHARED + [20, 21, 22], list(range(4, 24)),
@@ -44,12 +45,14 @@ def token_lists(outputs):
 def test_engine_matches_the_naive_oracle(name):
     model = PagedMockModel()
     llm = LLM(model, **{**BASE, **ENGINE_CONFIGS[name]})
-    lookaheads = []
-    run_steps = llm.runner.execute_steps
+    lookaheads, continuations = [], []
+    run_steps, continue_steps = llm.runner.execute_steps, llm.runner.continue_steps
     llm.runner.execute_steps = lambda inputs, k: lookaheads.append(k) or run_steps(inputs, k)
+    llm.runner.continue_steps = lambda batch, previous: continuations.append(1) or continue_steps(batch, previous)
     params = [dataclasses.replace(p, logprobs=True) for p in PARAMS]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert bool(lookaheads) == (llm.config.num_scheduler_steps > 1)
+    assert bool(continuations) == (llm.config.num_scheduler_steps > 1 and llm.config.async_scheduling)
     expected = [naive_generate(model, prompt, p, p.seed) for prompt, p in zip(PROMPTS, params)]
     for i, (got, want) in enumerate(zip(token_lists(outputs), expected)):
         for j, ((tokens, logprobs), (want_tokens, want_logprobs)) in enumerate(zip(got, want)):

@@ -166,11 +166,13 @@ def test_grpo_rollouts_do_not_depend_on_engine_lookahead(tmp_path, monkeypatch):
     run(tmp_path / "lookahead", 3)
     assert lookaheads
     for single, ahead in zip(metrics(tmp_path / "single"), metrics(tmp_path / "lookahead"), strict=True):
-        for key, value in single.items():  # the same rollouts; batch shapes differ, so float sums by ulps
+        # the same rollouts; batch shapes differ (a continued lookahead keeps finished rows), so the engine's
+        # log-probs differ by ulps, and through the importance weights so do the updates, a little more each step
+        for key, value in single.items():
             if key.startswith(("reward", "completions", "num_tokens", "step")):
                 assert ahead[key] == value, key
             elif not key.startswith(("mismatch", "is_weight")):
-                assert ahead[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+                assert ahead[key] == pytest.approx(value, rel=1e-4, abs=1e-9), key
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -21,16 +21,30 @@ forward + sample + `advance_decode` rounds: one launch and one host sync per K t
   driver, wake maps new memory there (zeroed), and the graphs stay valid, so a GRPO round captures nothing.
   Where the driver cannot reserve addresses, sleep drops the graphs and their pool instead and the first
   decode step after wake captures again.
-- Everything runs on one non-blocking stream, synchronised with the host at the end of each step by the
-  copy of the sampled tokens (as the eager path is by its own copy).
+- Everything runs on one non-blocking stream. A replay's tokens and log-probs are copied to fresh pinned
+  host arrays behind it and an event marks their arrival: the host waits only when it asks for the result,
+  so a continuation (`continue_steps`: the block tables' new columns, `advance_decode` of the last tokens
+  and the same graph again) is queued while the previous replay still runs. The host rewrites the pinned
+  input mirrors only for a fresh step, when nothing is in flight; a continuation's block tables are copied
+  from pageable memory, which the driver stages at once.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from barerl.engine.device_memory import RemappableBuffer
-from barerl.engine.model_runner import ModelRunner, StepInputs
+from barerl.engine.model_runner import (
+    _ADVANCED_FIELDS,
+    ModelRunner,
+    PendingSteps,
+    StepInputs,
+    block_copies,
+    block_tables,
+)
+from barerl.engine.scheduler import ScheduledBatch
 
 _INT_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "top_k")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p")
@@ -42,6 +56,12 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     """Graph batch sizes: 1, 2, 4, 8, 16, 32, 48, ... and max_num_seqs itself."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
     return sorted(set(sizes + [max_num_seqs]))
+
+
+class _Replayed(NamedTuple):
+    """PendingSteps.state of a lookahead replay: its graph's (batch, steps), which a continuation replays."""
+
+    key: tuple[int, int]
 
 
 class _StaticInputs:
@@ -69,7 +89,7 @@ class _StaticInputs:
         for i, name in enumerate(_FLOAT_FIELDS):
             self.host_float[i] = _PAD[name]
         self.block_tables.fill(0)
-        self.upload(0, 0, None)
+        self.upload(None)
 
     def views(self, batch: int) -> dict:
         """The arguments of forward_paged / sample for a graph of `batch` rows (views of the buffers)."""
@@ -90,20 +110,29 @@ class _StaticInputs:
             self.host_float[i, n:batch] = _PAD[name]
         self.host_rng[0, :n] = inputs.seeds
         self.host_rng[1, :n] = inputs.counters.view(np.uint64)
-        self.upload(n, inputs.block_tables.shape[1], np.maximum(inputs.block_tables, 0))
+        self.upload(inputs.block_tables)
 
-    def upload(self, rows: int, cols: int, tables) -> None:
+    def upload(self, tables: np.ndarray | None) -> None:
         import cupy
 
         stream = cupy.cuda.get_current_stream()
         for device, host in ((self.ints, self.host_int), (self.floats, self.host_float),
                              (self.rng, self.host_rng)):
             device.set(host, stream=stream)
-        if rows and cols:  # only the block-table columns in use; the graphs never read past a context
-            tables = np.ascontiguousarray(tables, dtype=np.int32)
+        if tables is not None:
+            self.upload_block_tables(tables)
+
+    def upload_block_tables(self, tables: np.ndarray) -> None:
+        """The first rows' block tables (-1 padding read as block 0), only the columns in use: the graphs
+        never read past a context."""
+        import cupy
+
+        rows, cols = tables.shape
+        if rows and cols:
+            tables = np.ascontiguousarray(np.maximum(tables, 0), dtype=np.int32)
             cupy.cuda.runtime.memcpy2DAsync(
                 self.block_tables.data.ptr, self.max_blocks * 4, tables.ctypes.data, cols * 4, cols * 4, rows,
-                cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+                cupy.cuda.runtime.memcpyHostToDevice, cupy.cuda.get_current_stream().ptr)
 
 
 class CudaGraphRunner(ModelRunner):
@@ -152,12 +181,26 @@ class CudaGraphRunner(ModelRunner):
             self._pool = None
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
-        return self._replay(inputs, 1) if self._graphable(inputs) else super().execute(inputs)
+        return self._replay(inputs, 1).result() if self._graphable(inputs) else super().execute(inputs)
 
-    def execute_steps(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def execute_steps(self, inputs: StepInputs, num_steps: int) -> PendingSteps:
         if not self._graphable(inputs):
             return super().execute_steps(inputs, num_steps)
         return self._replay(inputs, num_steps)
+
+    def continue_steps(self, batch: ScheduledBatch, previous: PendingSteps) -> PendingSteps:
+        if not isinstance(previous.state, _Replayed):  # an eager call continues eagerly
+            return super().continue_steps(batch, previous)
+        key = previous.state.key
+        graph, tokens, logprobs = self.graphs[key]
+        with self.stream:
+            self.static.upload_block_tables(block_tables(batch))
+            self.copy_blocks(*block_copies(batch))
+            v = self.static.views(key[0])
+            self.model.backend.advance_decode(tokens[-1], *(v[name] for name in _ADVANCED_FIELDS),
+                                              self.block_size)
+            graph.launch(self.stream)
+            return self._fetch_later(key, len(batch.seqs))
 
     def _graphable(self, inputs: StepInputs) -> bool:
         return (inputs.is_decode_only and not len(inputs.banned_rows) and len(inputs.input_ids) <= self.buckets[-1]
@@ -172,12 +215,31 @@ class CudaGraphRunner(ModelRunner):
         batch = next(b for b in self.buckets if b >= n)
         if (batch, num_steps) not in self.graphs:
             self.capture(batch, num_steps)
-        graph, tokens, logprobs = self.graphs[batch, num_steps]
+        graph = self.graphs[batch, num_steps][0]
         with self.stream:
             self.static.fill(inputs, batch)
             self.copy_blocks(inputs.copy_src, inputs.copy_dst)
             graph.launch(self.stream)
-            return tokens[..., :n].get(), logprobs[..., :n].get()
+            return self._fetch_later((batch, num_steps), n)
+
+    def _fetch_later(self, key: tuple[int, int], n: int) -> PendingSteps:
+        """Copy the graph's tokens and log-probs to the host behind its replay; wait only in result()."""
+        import cupy
+        import cupyx
+
+        _, tokens, logprobs = self.graphs[key]
+        host = []
+        for device in (tokens, logprobs):
+            host.append(cupyx.empty_pinned(device.shape, device.dtype))
+            cupy.cuda.runtime.memcpyAsync(host[-1].ctypes.data, device.data.ptr, device.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+        arrived = self.stream.record()
+
+        def fetch():
+            arrived.synchronize()
+            return host[0][..., :n].copy(), host[1][..., :n].copy()
+
+        return PendingSteps(fetch, _Replayed(key) if key[1] > 1 else None)
 
     def capture(self, batch: int, num_steps: int) -> None:
         """Capture the graph of `num_steps` decode steps of `batch` rows, when a step first needs it."""

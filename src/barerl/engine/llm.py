@@ -1,7 +1,10 @@
 """The public engine, shaped as vLLM's `LLM`: generate, chat, stream, sleep / wake.
 
-The whole path of one step reads: `schedule()` -> `runner.run()` (forward_paged + sample) ->
-`scheduler.update()` (tokens appended, forks, token stops) -> detokenize (text, stop strings).
+The whole path of one step reads: `schedule()` -> `runner.launch()` (forward_paged + sample) ->
+`scheduler.update()` (tokens appended, forks, token stops) -> detokenize (text, stop strings). With
+`async_scheduling` (vLLM's name), a lookahead step's continuation is launched before the host waits for the
+step's tokens, so the host's part of a step (recording tokens, stops, text, the next schedule) runs while the
+GPU computes the next K tokens.
 
 Design decisions:
 - The engine holds the caller's `Model`, not a copy: the trainer updates `model.params` in place and the
@@ -57,6 +60,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # default: as many as the memory budget holds
     enforce_eager: bool = False  # on the GPU: no CUDA graphs for decode steps
     num_scheduler_steps: int = 8  # decode steps per schedule and runner call when all can take them (lookahead)
+    async_scheduling: bool = True  # start a lookahead step's continuation before recording its tokens
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -103,6 +107,7 @@ class LLM:
         self._num_requests = 0
         self.asleep = False
         self.stats: dict[str, float] = {}  # of the last generate/chat call
+        self._in_flight = None  # (batch, PendingSteps) launched, its tokens not recorded yet
 
     def _make_runner(self, num_blocks: int) -> ModelRunner:
         cfg = self.config
@@ -214,7 +219,7 @@ class LLM:
         index_of = {r.request_id: i for i, r in enumerate(requests)}
         start, num_generated, done = time.perf_counter(), 0, set()
         with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
-            while self.scheduler.has_unfinished():
+            while self.scheduler.has_unfinished() or self._in_flight is not None:
                 sampled = self._step()
                 num_generated += len(sampled)
                 finished = {s.request.request_id for s in sampled if s.request.finished} - done
@@ -260,10 +265,12 @@ class LLM:
         while not request.finished:
             if self._step(incremental_text=True):
                 yield self._output(request, num_sent)
+        self._drain()
 
     def _start_call(self, requests: list[Request]) -> None:
         if self.asleep:
             raise RuntimeError("the engine is asleep (its KV cache is released): call llm.wake() first")
+        self._drain()
         self.scheduler.abort_all()  # an abandoned stream
         self.block_manager.reset_prefix_cache()  # the weights may have changed in place since the last call
         self.scheduler.num_preemptions = 0
@@ -273,8 +280,15 @@ class LLM:
     def _step(self, incremental_text: bool = False) -> list[Sequence]:
         """One engine step. Text is built token by token only where needed (stop strings, streaming);
         otherwise `_text` decodes each finished sample once."""
-        batch = self.scheduler.schedule(self.config.num_scheduler_steps)
-        tokens, logprobs = self.runner.run(batch)
+        if self._in_flight is None:
+            batch = self.scheduler.schedule(self.config.num_scheduler_steps)
+            pending = self.runner.launch(batch)
+        else:
+            (batch, pending), self._in_flight = self._in_flight, None
+        following = self.scheduler.schedule_continuation(batch) if self.config.async_scheduling else None
+        if following is not None:
+            self._in_flight = following, self.runner.continue_steps(following, pending)
+        tokens, logprobs = pending.result()
         sampled = []
         for k, (step, rows) in enumerate(self.scheduler.step_batches(batch)):
             step_tokens, step_logprobs = (tokens, logprobs) if rows is None else (tokens[k, rows], logprobs[k, rows])
@@ -335,8 +349,15 @@ class LLM:
 
     # ------------------------------------------------------------------------------------- sleep / wake
 
+    def _drain(self) -> None:
+        """Wait for a launched step nobody will record (its sequences were finished or abandoned)."""
+        if self._in_flight is not None:
+            self._in_flight[1].result()
+            self._in_flight = None
+
     def sleep(self) -> None:
         """Release the KV cache (and its device memory) for training; `wake` restores it."""
+        self._drain()
         self.scheduler.abort_all()
         self.runner.free_kv_cache()
         self.block_manager.reset_prefix_cache()

@@ -12,6 +12,12 @@ first step's inputs are prepared as usual, the block tables already hold the blo
 `backend.advance_decode` turns each step's sampled tokens into the next step's inputs on the device, so the
 host sees the K x R tokens once, at the end.
 
+Asynchronous calls: `launch` starts a step and returns a `PendingSteps` whose `result()` waits for its
+tokens. A lookahead call still on its way can be followed by `continue_steps` (the scheduler's
+`schedule_continuation`: the same sequences, K more steps): its inputs are the previous call's advanced
+once more on the device, so the GPU starts it before the host has seen the previous tokens, and the
+host's bookkeeping of one call runs while the GPU computes the next.
+
 Sampling rows: a sequence whose computed prefix reaches the end of its tokens this step draws its next
 token from its logits row; a parent (n samples, before its first token) draws n tokens from the same row
 with n seeds, which is how the n samples of one prompt share one prefill. Rows of sequences in the middle
@@ -64,11 +70,22 @@ def _i32(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
 
+def block_tables(batch: ScheduledBatch) -> np.ndarray:
+    """(S, max_blocks) int32: each sequence's block table, -1 past its last block."""
+    max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+    return _i32([seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in batch.seqs])
+
+
+def block_copies(batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The copy-on-write pairs as (src, dst) int32 arrays."""
+    copies = np.asarray(batch.block_copies, dtype=np.int32).reshape(-1, 2)
+    return copies[:, 0].copy(), copies[:, 1].copy()
+
+
 def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
     """The host arrays of one step (see StepInputs). Plain Python lists, one conversion per array: with
     hundreds of decoding sequences, per-sequence NumPy calls would cost more than the lists."""
-    ids, positions, slots, cu, context_lens, tables = [], [], [], [0], [], []
-    max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+    ids, positions, slots, cu, context_lens = [], [], [], [0], []
     for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
         start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + num_new, seq.block_table
         ids += seq.token_ids[start:end]
@@ -76,12 +93,11 @@ def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
         slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
         cu.append(end - start + cu[-1])
         context_lens.append(end)
-        tables.append(table + [-1] * (max_blocks - len(table)))
-    copies = np.asarray(batch.block_copies, dtype=np.int32).reshape(-1, 2)
+    copy_src, copy_dst = block_copies(batch)
     return StepInputs(
         input_ids=_i32(ids), positions=_i32(positions), cu_seqlens_q=_i32(cu),
-        context_lens=_i32(context_lens), block_tables=_i32(tables), slot_mapping=_i32(slots),
-        copy_src=copies[:, 0].copy(), copy_dst=copies[:, 1].copy(), **_sampling_arrays(batch),
+        context_lens=_i32(context_lens), block_tables=block_tables(batch), slot_mapping=_i32(slots),
+        copy_src=copy_src, copy_dst=copy_dst, **_sampling_arrays(batch),
     )
 
 
@@ -115,6 +131,23 @@ def _to_host(a) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
+class PendingSteps:
+    """A runner call on its way: `result()` waits for its tokens and log-probs (host arrays, shaped as
+    `ModelRunner.run` returns them). `state` is what the runner needs to continue it (None: it cannot be)."""
+
+    def __init__(self, fetch, state=None):
+        self._fetch, self.state, self._result = fetch, state, None
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._result is None:
+            self._result = self._fetch()
+        return self._result
+
+
+def _done(tokens: np.ndarray, logprobs: np.ndarray) -> PendingSteps:
+    return PendingSteps(lambda: (tokens, logprobs))
+
+
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int):
         self.model = model
@@ -139,19 +172,39 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
         """Sampled tokens (R,) int32 and their log-probs (R,) fp32 on the host; (num_steps, R) when the batch
         runs several decode steps."""
-        inputs = prepare_step(batch, self.block_size)
-        return self.execute(inputs) if batch.num_steps == 1 else self.execute_steps(inputs, batch.num_steps)
+        return self.launch(batch).result()
 
-    def execute_steps(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def launch(self, batch: ScheduledBatch) -> PendingSteps:
+        """Start `run(batch)`; the result is the PendingSteps'."""
+        inputs = prepare_step(batch, self.block_size)
+        if batch.num_steps == 1:
+            return _done(*self.execute(inputs))
+        return self.execute_steps(inputs, batch.num_steps)
+
+    def execute_steps(self, inputs: StepInputs, num_steps: int) -> PendingSteps:
         """num_steps decode steps of a decode-only batch, inputs advanced on the device between steps."""
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
         xp = self.model.xp
         arrays = {name: xp.array(getattr(inputs, name)) for name in (*_ADVANCED_FIELDS, "cu_seqlens_q")}
         self.copy_blocks(inputs.copy_src, inputs.copy_dst)
+        return self._decode_pending(inputs, arrays, num_steps)
+
+    def continue_steps(self, batch: ScheduledBatch, previous: PendingSteps) -> PendingSteps:
+        """`batch` (from `Scheduler.schedule_continuation`) right after `previous`, a lookahead call of the
+        same rows that may still be running: the device advances previous's last inputs by its last tokens,
+        with `batch`'s block tables (which hold the new steps' blocks), and runs batch.num_steps more steps."""
+        inputs, arrays, last_tokens = previous.state
+        arrays["block_tables"] = self.model.xp.asarray(block_tables(batch))
+        self.copy_blocks(*block_copies(batch))
+        self.model.backend.advance_decode(last_tokens, *(arrays[name] for name in _ADVANCED_FIELDS),
+                                          self.block_size)
+        return self._decode_pending(inputs, arrays, batch.num_steps)
+
+    def _decode_pending(self, inputs: StepInputs, arrays: dict, num_steps: int) -> PendingSteps:
         tokens, logprobs = self.decode_steps(
             arrays, num_steps, lambda logits, counters: self._sample_rows(logits, inputs, counters))
-        return _to_host(tokens), _to_host(logprobs)
+        return PendingSteps(lambda: (_to_host(tokens), _to_host(logprobs)), (inputs, arrays, tokens[-1]))
 
     def decode_steps(self, arrays: dict, num_steps: int, sample, max_position: int | None = None):
         """forward_paged + sample(logits, counters), num_steps times, on device `arrays` (the forward_paged

@@ -18,6 +18,11 @@ gets the blocks of its next K tokens at once and runs K steps in one runner call
 per K tokens. Only when every sequence can take K more tokens (max_tokens, max_model_len), none still has
 banned tokens (min_tokens) or forks, and the cache has the blocks; otherwise the step is a single one.
 Tokens drawn after a sequence stops are dropped by `update`, which the engine calls once per step taken.
+A lookahead batch still running can be followed by its continuation (`schedule_continuation`: the same
+sequences, K more steps, blocks taken now), which the runner starts before the host records the first
+batch's tokens (vLLM's async scheduling). Those tokens are unknown then, so a continuation needs room for
+2K tokens per sequence; a sequence that stops in the first batch has its continued tokens dropped by `update`
+too, and the batch after that is scheduled afresh.
 
 Stop conditions checked here are those on token ids (vLLM's order: length first, then EOS, then
 `stop_token_ids`); stop strings need text and are checked by the engine, which calls `finish`.
@@ -133,6 +138,28 @@ class Scheduler:
                 return False
         needed = sum(self.block_manager.num_blocks_to_append(seq, num_steps) for seq in batch.seqs)
         return needed <= self.block_manager.num_free_blocks
+
+    def schedule_continuation(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The lookahead batch after `batch`, whose tokens are not recorded yet: the same sequences for
+        batch.num_steps more steps, with their blocks; None unless every one is still running with room for
+        them, nothing waits (it would be admitted next) and the cache has the blocks."""
+        num_steps = batch.num_steps
+        if num_steps == 1 or self.waiting:
+            return None
+        ahead = 2 * num_steps  # batch's own steps, then the continuation's
+        for seq in batch.seqs:
+            max_tokens = seq.params.max_tokens or self.max_model_len
+            room = min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+            if seq.status is not SequenceStatus.RUNNING or room < ahead:
+                return None
+        needed = sum(self.block_manager.num_blocks_to_append(seq, ahead) for seq in batch.seqs)
+        if needed > self.block_manager.num_free_blocks:
+            return None
+        following = ScheduledBatch(num_steps=num_steps)
+        for seq in batch.seqs:
+            following.block_copies += self.block_manager.append_slots(seq, ahead)
+            following.add(seq, 1)
+        return following
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         num_running_samples = sum(s.num_samples for s in self.running)
