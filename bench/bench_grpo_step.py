@@ -86,8 +86,11 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
               "mismatch_max": max(r["mismatch/max"] for r in timed),
               **{f"mismatch_{key}": float(np.median([r[f"mismatch/{key}"] for r in timed]))
                  for key in ("mean", "p99", "kl")}}
-    if device == "cuda":  # the trainer's own reading: CuPy's pool + the engine's KV cache and graph pool
-        result["peak_gib"] = max(r["memory/gpu_gib"] for r in records)
+    # the trainer's own readings (zeros on the CPU): CuPy's pool + the engine's KV cache and graph pool, at the
+    # end of generating and the training phase's high-water mark; "used" counts the pool's live arrays only
+    for key, metric in (("peak_gib", "gpu_gib"), ("generate_gib", "generate_gib"), ("train_gib", "train_gib"),
+                        ("used_gib", "gpu_used_gib")):
+        result[key] = max(r[f"memory/{metric}"] for r in records)
     return result
 
 
@@ -110,7 +113,8 @@ def main() -> None:
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
           f"engine/trainer log-prob mismatch max {r['mismatch_max']:.2e}, mean {r['mismatch_mean']:.2e}, "
           f"p99 {r['mismatch_p99']:.2e}, KL {r['mismatch_kl']:.1e}"
-          + (f", peak {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""))
+          + (f", peak {r['peak_gib']:.1f} GiB (generate {r['generate_gib']:.1f}, train {r['train_gib']:.1f}; "
+             f"in use {r['used_gib']:.1f})" if args.device == "cuda" else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

@@ -80,3 +80,25 @@ def test_stochastic_rounding_matches_the_reference_bit_for_bit(draw):
     assert bool((working.view(np.uint16) == want.view(np.uint16)).all())
     nearest = master.astype(BF16).view(np.uint16)
     assert 0 < float((working.view(np.uint16) != nearest).mean()) < 0.75  # rounding is random, not nearest
+
+
+def test_chunks_with_offsets_round_as_one_launch(draw):
+    """A buffer updated in slices, each launch told its slice's offset (the optimizer's streamed step), gets
+    the one-launch bits: master, moments and stochastically rounded working weights."""
+    import cupy
+
+    from barerl.backend import cuda
+
+    n, cut = 1_000_003, 333_331
+    inputs = [draw.normal((n,), FP32), draw.normal((n,), FP32, 1e-3), cupy.abs(draw.normal((n,), FP32, 1e-4))]
+    grad, mask = draw.normal((n,), FP32, 1e-2), draw.integers((n,), 2).astype(np.uint8)
+    args = {"lr": 1e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.1, "step": 5,
+            "rounding_seed": 99}
+    whole = [a.copy() for a in inputs] + [poisoned((n,), BF16)]
+    cuda.adamw_step(whole[0], grad, whole[1], whole[2], mask, **args, working_out=whole[3])
+    parts = [a.copy() for a in inputs] + [poisoned((n,), BF16)]
+    for rows in (slice(0, cut), slice(cut, n)):
+        p, m, v, w = (a[rows] for a in parts)
+        cuda.adamw_step(p, grad[rows], m, v, mask[rows], **args, working_out=w, offset=rows.start)
+    for name, got, want in zip(("master", "exp_avg", "exp_avg_sq", "working"), parts, whole, strict=True):
+        assert bool((got.view(np.uint8) == want.view(np.uint8)).all()), name

@@ -222,6 +222,17 @@ def test_grpo_with_the_optimizer_offloaded_on_the_gpu(tmp_path):
         assert g["reward"] == w["reward"]
         for key in ("loss", "grad_norm"):
             assert g[key] == pytest.approx(w[key], rel=1e-3), key  # dQ atomics: sums in any order
+    for r in got:  # both phases measured; the arrays in use are part of what the pool reserves
+        assert r["memory/generate_gib"] > 0 and r["memory/train_gib"] > 0
+        assert r["memory/gpu_gib"] == max(r["memory/generate_gib"], r["memory/train_gib"])
+        assert 0 < r["memory/gpu_used_gib"] <= r["memory/gpu_gib"]
+
+
+def test_grpo_logs_device_memory_per_phase(tmp_path):
+    run_grpo(grpo_config(tmp_path, max_steps=2, offload_optimizer=True))
+    for r in metrics(tmp_path):
+        for key in ("memory/generate_gib", "memory/train_gib", "memory/gpu_gib", "memory/gpu_used_gib"):
+            assert r[key] == 0.0, key  # no device pool on the CPU
 
 
 def test_grpo_is_reproducible(tmp_path):

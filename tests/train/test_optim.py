@@ -231,3 +231,85 @@ def test_from_config():
     no_sr = GRPOConfig(stochastic_rounding=False)
     assert AdamW.from_config(bf16, ref, no_sr).rounding_seed is None
     assert opt.decay_mask is not None and 0 < int(opt.decay_mask.sum()) < opt.decay_mask.size
+
+
+def test_adamw_step_in_slices_with_offsets_equals_one_call():
+    """Stochastic rounding draws element i's bits from its index in the whole buffer (`offset` + i)."""
+    import ml_dtypes
+
+    n, cut = 1000, 377
+    rng = np.random.default_rng(8)
+    master, grad = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    args = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "step": 3,
+            "rounding_seed": 5}
+    whole = [master.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, ml_dtypes.bfloat16)]
+    ref.adamw_step(whole[0], grad, whole[1], whole[2], None, working_out=whole[3], **args)
+    parts = [master.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, ml_dtypes.bfloat16)]
+    for rows in (slice(0, cut), slice(cut, n)):
+        p, m, v, w = (a[rows] for a in parts)
+        ref.adamw_step(p, grad[rows], m, v, None, working_out=w, offset=rows.start, **args)
+    for got, want in zip(parts, whole, strict=True):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def _streamed_and_plain(device: str, dtype: str, chunk: int, monkeypatch, steps: int = 4):
+    """The same steps on two AdamWs, one offloaded (so streamed, `chunk` elements at a time), one not."""
+    import ml_dtypes
+
+    from barerl.backend import get_backend
+    from barerl.train import optimizer as optimizer_module
+
+    monkeypatch.setattr(optimizer_module, "STREAM_CHUNK", chunk)
+    backend = get_backend(device)
+    if device == "cpu":
+        xp = np
+    else:
+        import cupy as xp
+    cfg = tiny_cfg()
+    init, grads = random_problem(cfg, steps=steps, seed=6)
+    assert init.shape[0] % chunk != 0 and init.shape[0] // chunk >= 3  # a short last chunk, both slots reused
+    work = init.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
+    opts = [AdamW(ParameterBuffer(cfg, xp.array(work)), backend, weight_decay=0.1, max_grad_norm=20.0,
+                  rounding_seed=11) for _ in range(2)]
+    streamed, plain = opts
+    streamed.offload()
+    for g in grads:
+        for opt in opts:
+            opt.zero_grad()
+            opt.grads.flat += xp.asarray(g)
+            opt.step(1e-2)
+        assert streamed.offloaded and not plain.offloaded  # the state stays on the host
+    return streamed, plain
+
+
+def _bits(array):
+    array = array.get() if hasattr(array, "get") else array
+    return np.ascontiguousarray(array).view(np.uint8)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_offloaded_steps_stream_the_state_and_equal_plain_steps_bit_for_bit(monkeypatch, dtype):
+    """bf16: a separate master, stochastic rounding keyed by each chunk's offset; fp32: the master is the
+    model's own buffer (shares_master), only the moments stream."""
+    streamed, plain = _streamed_and_plain("cpu", dtype, 97, monkeypatch)
+    assert streamed.shares_master == (dtype == "float32")
+    assert (plain.rounding_seed is not None) == (dtype == "bfloat16")
+    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        np.testing.assert_array_equal(_bits(getattr(streamed, key).flat), _bits(getattr(plain, key).flat), key)
+    assert streamed.exp_avg.flat is streamed._host["exp_avg"]  # updated in its host buffer
+    streamed.offload()  # already there: only the gradients go
+    assert streamed._grads is None
+    np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["exp_avg_sq"]),
+                                  _bits(plain.exp_avg_sq.flat))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_offloaded_steps_stream_through_pinned_memory_on_the_gpu(monkeypatch, dtype):
+    """The CUDA path: async copies on two streams, the fused kernel per chunk; bits equal the plain steps'."""
+    streamed, plain = _streamed_and_plain("cuda", dtype, 1000, monkeypatch)
+    assert isinstance(streamed.exp_avg.flat, np.ndarray)  # the state lives in (pinned) host memory
+    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        np.testing.assert_array_equal(_bits(getattr(streamed, key).flat), _bits(getattr(plain, key).flat), key)

@@ -192,7 +192,7 @@ class CudaGraphRunner(ModelRunner):
         if not isinstance(previous.state, _Replayed):  # an eager call continues eagerly
             return super().continue_steps(batch, previous)
         key = previous.state.key
-        graph, tokens, logprobs = self.graphs[key]
+        graph, tokens, _ = self.graphs[key]
         with self.stream:
             self.static.upload_block_tables(block_tables(batch))
             self.copy_blocks(*block_copies(batch))

@@ -52,8 +52,10 @@ def adamw_step(
     grad_scale: float = 1.0,
     working_out=None,
     rounding_seed: int | None = None,
+    offset: int = 0,
 ) -> None:
-    """One AdamW update, in place, on flat (N,) arrays (see backend.ref.optim.adamw_step)."""
+    """One AdamW update, in place, on flat (N,) arrays (see backend.ref.optim.adamw_step); `offset`: element
+    0's index in the whole buffer (stochastic rounding's counter)."""
     if step < 1:
         raise ValueError(f"adamw_step: step is 1-based, got {step}")
     n = master.shape[0]
@@ -102,5 +104,6 @@ def adamw_step(
                 np.int32(stochastic),
                 np.uint64(rounding_seed or 0),
                 np.int64(step),
+                np.int64(offset),
             ),
         )

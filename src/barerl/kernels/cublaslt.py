@@ -9,9 +9,14 @@ shapes: up to 27% slower, bench/RESULTS.md). The first product of a shape class 
 of two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch
 output, replaying a CUDA graph of a few launches (timed one by one from the host, a short product measures
 the launch overhead, not the kernel), and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`.
-Decode-sized products (at most `_TUNE_MIN_ROWS` rows) keep the first pick: repeated in isolation their
-weights stay in L2, which a decode step's KV-cache stream evicts, so the timing would favour the wrong
-algorithm (split-K versions chosen that way slowed G1 and G2 on the H200). Choices persist in a JSON file per GPU
+Decode-sized products (at most `_TUNE_MIN_ROWS` rows) are timed cold: repeated on one weight, their weight
+stays in L2, which a decode step's KV-cache stream evicts between two uses, so hot timing favours the wrong
+algorithm (the split-K versions chosen that way slowed G1 and G2 on the H200). Their replay cycles through
+copies of b (cuBLASLt's A: the weight of a linear layer) that together span `_COLD_BYTES`, several times the
+L2, so each launch streams its weight from HBM as in a decode step; the copies are freed right after.
+`_TUNE_DECODE = False` keeps the heuristic's first pick for them instead (and ignores their recorded
+choices). An in-place accumulation (c is out, beta != 0) of decode size always takes the first pick: split-K
+algorithms summed wrongly in place there (weight gradients, H200). Choices persist in a JSON file per GPU
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
 product captured before its class is tuned takes the heuristic's first pick.
 
@@ -48,7 +53,11 @@ _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
-_TUNE_MIN_ROWS = 256  # products of at most this many rows are not tuned (see the module docstring)
+_TUNE_MIN_ROWS = 256  # products of at most this many rows (decode) are timed cold (see the module docstring)
+_TUNE_DECODE = True  # False: decode-sized products keep the heuristic's first pick (A/B)
+_DECODE_CANDIDATES = CANDIDATES  # the heuristic's first this many are timed for a decode-sized product
+_COLD_BYTES = 256 << 20  # bytes of b one cold replay cycles through: five times the H200's 50 MB L2
+_COLD_MAX_COPIES = 128  # at most this many copies of b (a small b's product is short anyway)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
 _TUNE_REPEATS = 10  # launches per timed graph replay
 
@@ -96,6 +105,7 @@ class _Plan:
     layouts: tuple  # A, B, C, D of the column-major product
     candidates: list  # HeuristicResult, the heuristic's order
     tuning_key: str  # the shape class: M, N and K rounded up to powers of two
+    decode: bool  # at most _TUNE_MIN_ROWS rows: timed cold, or not at all
     chosen: object = None  # the algorithm in use once tuned (HeuristicResult)
 
 
@@ -127,8 +137,8 @@ class _Lt(LibraryHandle):
         fastest candidate timed by tune(candidate) -> ms (None while capturing: the first pick, not kept)."""
         if plan.chosen is not None:
             return plan.chosen
-        if len(plan.candidates) == 1:  # untuned: an old recorded choice does not apply either
-            plan.chosen = plan.candidates[0]
+        if len(plan.candidates) == 1 or (plan.decode and not _TUNE_DECODE):
+            plan.chosen = plan.candidates[0]  # untuned: a recorded choice (with _TUNE_DECODE on) does not apply
             return plan.chosen
         recorded = self.choices.get(plan.tuning_key)
         if recorded is not None:
@@ -136,9 +146,10 @@ class _Lt(LibraryHandle):
             return plan.chosen
         if tune is None:
             return plan.candidates[0]
-        times = [tune(candidate) for candidate in plan.candidates]
+        timed = plan.candidates[:_DECODE_CANDIDATES] if plan.decode else plan.candidates
+        times = [tune(candidate) for candidate in timed]
         best = int(np.argmin(times))
-        plan.chosen = plan.candidates[best if times[best] < (1 - _TUNE_MARGIN) * times[0] else 0]
+        plan.chosen = timed[best if times[best] < (1 - _TUNE_MARGIN) * times[0] else 0]
         self.choices[plan.tuning_key] = bytes(plan.chosen.algo).hex()
         _write_json(self.choices_path, self.choices)
         return plan.chosen
@@ -179,9 +190,8 @@ class _Lt(LibraryHandle):
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
             raise CublasError(f"cuBLASLt has no algorithm for {what}")
-        if m <= _TUNE_MIN_ROWS:
-            candidates = candidates[:1]
-        return _Plan(desc, layouts, candidates, _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments))
+        key = _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments)
+        return _Plan(desc, layouts, candidates, key, decode=m <= _TUNE_MIN_ROWS)
 
 
 def _size_class(n: int) -> int:
@@ -234,6 +244,15 @@ def candidates(a, b, out, transa=False, transb=False, c=None, bias=None) -> int:
     return len(_plan_for(a, b, out, transa, transb, c, bias)[0].candidates)
 
 
+def chosen(a, b, out, transa=False, transb=False, c=None, bias=None) -> int | None:
+    """The candidate index of the algorithm this product's plan uses (for benchmarks); None before it is
+    chosen, or when it is a recorded choice that the heuristic did not propose for this exact shape."""
+    plan = _plan_for(a, b, out, transa, transb, c, bias)[0]
+    algos = [bytes(candidate.algo) for candidate in plan.candidates]
+    pick = None if plan.chosen is None else bytes(plan.chosen.algo)
+    return algos.index(pick) if pick in algos else None
+
+
 def _plan_for(a, b, out, transa, transb, c, bias):
     c = out if c is None else c
     if c.dtype != out.dtype or c.shape != out.shape:
@@ -268,29 +287,33 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
     f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
     stream = cupy.cuda.get_current_stream()
 
-    def launch(choice, c_ptr: int, d_ptr: int, on=stream) -> None:
+    def launch(choice, c_ptr: int, d_ptr: int, on=stream, b_ptr: int = pointers[0]) -> None:
         la, lb, lc, ld = plan.layouts
         status = lt.lib.cublasLtMatmul(
-            lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(pointers[0]), la,
+            lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(b_ptr), la,
             ctypes.c_void_p(pointers[1]), lb, ctypes.byref(f_beta), ctypes.c_void_p(c_ptr), lc,
             ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
             WORKSPACE_BYTES, ctypes.c_void_p(on.ptr),
         )
         check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
 
-    scratch = []  # the tuning's D, and its C when C is out (garbage costs the same time): out stays untouched
+    # the tuning's D, and its C when C is out (garbage costs the same time): out stays untouched; and the
+    # copies of b a decode-sized product cycles through (b alone for a hot replay)
+    scratch = {}
 
     def time_candidate(choice) -> float:
         if not scratch:
-            scratch.append(cupy.empty_like(out))
-        d_ptr = scratch[0].data.ptr
+            scratch["d"] = cupy.empty_like(out)
+            scratch["b"] = _cold_copies(b, stream) if plan.decode else (None, [pointers[0]])
+        d_ptr = scratch["d"].data.ptr
         c_ptr = d_ptr if pointers[2] == pointers[3] else pointers[2]  # a separate c is only read
+        b_ptrs = scratch["b"][1]
         launch(choice, c_ptr, d_ptr)  # outside the graph first: a failing algorithm raises here
         side = cupy.cuda.Stream(non_blocking=True)
         side.wait_event(stream.record())
         side.begin_capture()
-        for _ in range(_TUNE_REPEATS):
-            launch(choice, c_ptr, d_ptr, side)
+        for i in range(max(len(b_ptrs), _TUNE_REPEATS)):
+            launch(choice, c_ptr, d_ptr, side, b_ptrs[i % len(b_ptrs)])
         graph = side.end_capture()
         graph.launch(side)  # the first replay uploads the graph
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -302,15 +325,39 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
 
     if algo is not None:
         choice = plan.candidates[algo]
+    elif plan.decode and beta != 0.0 and pointers[2] == pointers[3]:  # in place: never tuned (module docstring)
+        choice = plan.candidates[0]
     elif plan.chosen is not None:  # the common case: no capture query, no tuning
         choice = plan.chosen
     else:
-        choice = lt.algorithm(plan, None if _capturing(stream) else time_candidate)
+        try:
+            choice = lt.algorithm(plan, None if _capturing(stream) else time_candidate)
+        except cupy.cuda.memory.OutOfMemoryError:  # no room for the cold copies now: untuned, tried again later
+            choice = plan.candidates[0]
         if scratch:  # tuned just now: give the scratch (up to a 0.6 GB LM-head gradient) back to the driver
             scratch.clear()
             cupy.get_default_memory_pool().free_all_blocks()
     launch(choice, pointers[2], pointers[3])
     return out
+
+
+def _cold_copies(b, stream) -> tuple[object, list[int]]:
+    """The addresses of b and of copies of it spanning `_COLD_BYTES` in all (at most `_COLD_MAX_COPIES`), and
+    the copies' memory: a replay cycling through them finds each launch's b out of L2, as in a decode step."""
+    import cupy
+
+    rows, cols, ld = matrix_layout(b, "b")
+    span = ((rows - 1) * ld + cols) * b.itemsize
+    count = min(_COLD_MAX_COPIES, -(-_COLD_BYTES // span))
+    if count == 1:  # b alone is past the L2 several times (an LM head's weight)
+        return None, [b.data.ptr]
+    stride = -(-span // 256) * 256  # every copy at least as aligned as the plan asked of b
+    # straight from the driver, not through the pool in use: a graph runner's private pool would keep it
+    memory = cupy.cuda.Memory((count - 1) * stride)
+    copies = [memory.ptr + i * stride for i in range(count - 1)]
+    for ptr in copies:
+        cupy.cuda.runtime.memcpyAsync(ptr, b.data.ptr, span, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    return memory, [b.data.ptr, *copies]
 
 
 def _capturing(stream) -> bool:

@@ -30,6 +30,9 @@ _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
 _UNSPLIT_CTAS_PER_SM = 2  # no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2
 _MIN_SPLIT_TOKENS = 128
+# the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
+# (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
+_UNROLL, _STAGES = 4, 2
 _num_sms: dict[int, int] = {}
 
 
@@ -85,7 +88,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
         q_stride = H * D
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
-    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group}
+    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
+               "UNROLL": _UNROLL, "STAGES": _STAGES}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out

@@ -162,10 +162,10 @@ class GRPOConfig(TrainConfig):
     min_p: float | None = opt(None, "Drop tokens below min_p times the top token's probability.", min=0.0,
                               max=1.0)
     shuffle_dataset: bool = opt(True, "Shuffle the prompts each epoch.")
-    offload_optimizer: bool = opt(False, "While the engine generates, keep the fp32 master weights and Adam "
-                                  "moments in host memory and the (zero) gradients freed, so the GPU holds the "
-                                  "working weights and the KV cache alone; costs two host<->GPU copies of the "
-                                  "state per generation round (~0.3 s for a 0.6B model on PCIe 5).")
+    offload_optimizer: bool = opt(False, "Keep the fp32 master weights and Adam moments in host memory and the "
+                                  "(zero) gradients freed while the engine generates, so the GPU holds the "
+                                  "working weights and the KV cache alone; each optimizer step streams the state "
+                                  "through the GPU in chunks (one host<->GPU round trip of it per step).")
     generation_batch_size: int | None = opt(None, "Completions generated at once (None: "
                                             "per_device_train_batch_size * steps_per_generation).", min=1)
     steps_per_generation: int | None = opt(None, "Optimizer steps taken on one generation batch (None: "

@@ -17,6 +17,9 @@ once per generation batch when the policy moves before the batch is used up (TRL
 With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and more prompts are
 sampled, up to `dynamic_sampling_max_rounds` extra rounds, until the batch is full of informative groups;
 the logged rollout metrics are those of the first round (what the policy does before filtering).
+Device memory is logged per phase (`DeviceMemory`): `memory/generate_gib` at the end of generating,
+`memory/train_gib` the training phase's high-water mark, `memory/gpu_gib` the larger, and `memory/gpu_used_gib`
+the arrays in use (zeros on the CPU).
 """
 
 from __future__ import annotations
@@ -91,13 +94,13 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
             if cfg.dynamic_sampling:
                 rollouts, rollout_metrics["dynamic_sampling/rounds"] = _informative_batch(rollouts, sample, cfg,
                                                                                           num_prompts)
-            generate_memory = llm.device_memory_bytes()
+            generate_memory, train_memory = DeviceMemory(llm), DeviceMemory(llm)
+            generate_memory.sample()
             if model.device == "cuda":
                 llm.sleep()  # the KV cache's memory goes to training activations
             for metrics in _train_on(run, model, ref_model, rollouts, rollout_metrics, cfg, updates_per_generation,
-                                     total):
-                if model.device == "cuda":  # what the device holds at the end of generating and of training
-                    metrics["memory/gpu_gib"] = max(generate_memory, llm.device_memory_bytes()) / 2**30
+                                     total, train_memory):
+                metrics.update(_memory_metrics(generate_memory, train_memory))
                 step_rewards.append(metrics["reward"])
                 if run.step % cfg.logging_steps == 0 or run.step == total:
                     logger.log(run.step, metrics)
@@ -111,6 +114,37 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 llm.wake()
     summary = run.finish()
     return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint, summary)
+
+
+class DeviceMemory:
+    """High-water marks, in bytes, of what the device holds during one phase (generating, training).
+
+    `reserved`: CuPy's pool (arrays in use + the free blocks it caches) plus what the engine holds outside it
+    (KV cache, graph pool). `used`: the pool's arrays in use plus the same outside bytes, the nearer kin of
+    torch's max_memory_allocated. The pool only grows until something calls free_all_blocks (the
+    optimizer's offload / restore, the engine's sleep), so a sample taken before such a call sees the phase's
+    peak of `reserved`; `used` is only as high as the samples caught it (a lower bound). Zeros on the CPU.
+    """
+
+    def __init__(self, llm):
+        pool = getattr(llm.model.xp, "get_default_memory_pool", None)
+        self._pool = pool() if pool is not None else None
+        self._outside = llm.runner.bytes_outside_default_pool
+        self.reserved = self.used = 0
+
+    def sample(self) -> None:
+        if self._pool is None:
+            return
+        outside = self._outside()
+        self.reserved = max(self.reserved, self._pool.total_bytes() + outside)
+        self.used = max(self.used, self._pool.used_bytes() + outside)
+
+
+def _memory_metrics(generate: DeviceMemory, train: DeviceMemory) -> dict:
+    gib = 2**30
+    return {"memory/generate_gib": generate.reserved / gib, "memory/train_gib": train.reserved / gib,
+            "memory/gpu_gib": max(generate.reserved, train.reserved) / gib,
+            "memory/gpu_used_gib": max(generate.used, train.used) / gib}
 
 
 def sampling_filter(cfg: GRPOConfig) -> SamplingFilter:
@@ -138,7 +172,7 @@ def _informative_batch(first: Rollouts, sample, cfg: GRPOConfig, num_groups: int
 
 
 def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts, rollout_metrics: dict,
-              cfg: GRPOConfig, updates: int, total: int):
+              cfg: GRPOConfig, updates: int, total: int, memory: DeviceMemory):
     """Optimizer steps on one generation batch; yields each step's metrics after it is applied."""
     n = len(rollouts)
     per_update = math.ceil(n / max(1, updates // cfg.num_iterations)) if n else 0
@@ -151,7 +185,7 @@ def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts,
                 return
             start = time.perf_counter()
             first = iteration == 0 and k == 0
-            metrics = _update(run, model, batches, cfg, measure_mismatch=first)
+            metrics = _update(run, model, batches, cfg, measure_mismatch=first, memory=memory)
             metrics.update(rollout_metrics)
             metrics["time/train"] = time.perf_counter() - start
             yield metrics
@@ -169,44 +203,62 @@ def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainB
 
 
 def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: GRPOConfig,
-            measure_mismatch: bool) -> dict:
+            measure_mismatch: bool, memory: DeviceMemory) -> dict:
     xp = model.xp
     run.optimizer.zero_grad()
     num_items = max(sum(tb.batch.num_loss_tokens for tb in batches), 1)
     num_sequences = sum(tb.batch.num_sequences for tb in batches)
     sums: dict[str, float] = {}
-    seen = {"engine": [], "trainer": [], "mask": []}  # log-probs of the whole step, for the mismatch stats
+    # log-probs of the whole step, for the mismatch stats
+    seen = {"engine": [], "trainer": [], "mask": []} if measure_mismatch else None
     loss, entropy_sum, tokens = 0.0, 0.0, 0
     for tb in batches:
         if tb.batch.num_loss_tokens == 0:
             continue
-        mask = xp.asarray(tb.batch.loss_mask)
-        engine_logp = xp.asarray(tb.engine_logp)
-        policy = _policy_loss(xp, tb, mask, engine_logp, cfg, num_items, num_sequences, len(batches))
-
-        def loss_fn(logp, entropy, mask=mask, engine_logp=engine_logp, policy=policy):
-            nonlocal entropy_sum
-            entropy_sum += float((entropy * mask).sum())
-            if measure_mismatch:
-                for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
-                    seen[key].append(array)
-            return policy(logp)
-
-        part, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
-                                               checkpoint=cfg.gradient_checkpointing,
-                                               keep_ops=cfg.gradient_checkpointing_keep,
-                                               token_grad=policy.token_grad)
+        part, entropy, metrics = _micro_batch(run, model, tb, cfg, num_items, num_sequences, len(batches), seen,
+                                              memory)
         loss += part
+        entropy_sum += entropy
         share = tb.batch.num_loss_tokens / num_items
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value) * share
         tokens += tb.batch.num_tokens
-    if seen["mask"]:  # over every completion token of the step (not averaged per micro-batch)
+    if seen and seen["mask"]:  # over every completion token of the step (not averaged per micro-batch)
         step_mismatch = logprob_mismatch(*(xp.concatenate(seen[key]) for key in ("engine", "trainer", "mask")))
         sums.update({f"mismatch/{key}": value for key, value in step_mismatch.items()})
     out = {"loss": loss, "entropy": entropy_sum / num_items, "num_tokens": tokens, **sums}
     out.update(run.optimizer_step())
+    memory.sample()  # before a checkpoint's restore() frees the pool's cached blocks
     return out
+
+
+def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOConfig, num_items: int,
+                 num_sequences: int, num_micro_batches: int, seen: dict | None,
+                 memory: DeviceMemory) -> tuple[float, float, dict]:
+    """One micro-batch's forward and backward into the optimizer's gradients: (loss, entropy sum, metrics).
+
+    A function of its own so that what it allocates (the loss's per-token arrays and the closure holding them;
+    the model frees its activations itself) is gone before the optimizer steps; `seen` keeps the log-probs
+    the mismatch stats need."""
+    xp = model.xp
+    mask = xp.asarray(tb.batch.loss_mask)
+    engine_logp = xp.asarray(tb.engine_logp)
+    policy = _policy_loss(xp, tb, mask, engine_logp, cfg, num_items, num_sequences, num_micro_batches)
+    entropy_sum = 0.0
+
+    def loss_fn(logp, entropy):
+        nonlocal entropy_sum
+        memory.sample()  # the whole forward's checkpoints are alive here: near the micro-batch's peak
+        entropy_sum += float((entropy * mask).sum())
+        if seen is not None:
+            for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
+                seen[key].append(array)
+        return policy(logp)
+
+    loss, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
+                                           checkpoint=cfg.gradient_checkpointing,
+                                           keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad)
+    return loss, entropy_sum, metrics
 
 
 def _policy_loss(xp, tb: TrainBatch, mask, engine_logp, cfg: GRPOConfig, num_items: int, num_sequences: int,

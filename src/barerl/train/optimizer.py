@@ -16,14 +16,21 @@ Design:
   learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
-- `offload()` (GRPO's `offload_optimizer`) moves the fp32 state to (pinned) host memory and drops the
-  gradient buffer, which is all zeros between a step and the next backward, so that the engine's KV cache
-  can use that memory while it generates. The gradients come back as zeros when a backward first asks for
-  them, the state just before the next step (or a state_dict / load): results do not change.
+- `offload()` (GRPO's `offload_optimizer`) moves the fp32 state and the decay mask to (pinned) host memory
+  and drops the gradient buffer, which is all zeros between a step and the next backward, so that the
+  engine's KV cache can use that memory while it generates. The gradients come back as zeros when a backward
+  first asks for them. The step then streams the state through the device instead of bringing it back:
+  `STREAM_CHUNK` elements of master / moments / mask go up, the same `adamw_step` updates them (told the
+  chunk's offset, so stochastic rounding draws the same bits) and they go back down, on two CUDA streams so
+  that one chunk's download overlaps the next one's upload. The device holds the weights, the gradients and
+  two chunks' staging, never the whole state; results are bit-identical to a step on the device-resident
+  state, and the state stays on the host (a later `offload()` just drops the gradients). state_dict and
+  load_state_dict bring the state back (`restore()`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import ModuleType
 
@@ -33,6 +40,7 @@ from barerl.backend.ref.optim import BFLOAT16, stochastic_round_bfloat16
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
 
 ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
+STREAM_CHUNK = 1 << 24  # elements per chunk of a streamed step: 64 MiB per fp32 array, 0.4 GiB of staging
 
 
 class AdamW:
@@ -97,32 +105,38 @@ class AdamW:
         return ARRAY_KEYS[1:] if self.shares_master else ARRAY_KEYS  # a shared master is the model itself
 
     def offload(self) -> None:
-        """Master weights (unless shared) and moments to host memory, the gradient buffer dropped."""
-        if self.offloaded:
-            return
-        for key in self._offloadable():
-            device = getattr(self, key).flat
-            if key not in self._host:
-                self._host[key] = _host_buffer(self.xp, device.shape)
-            if self.xp is np:
-                self._host[key][...] = device
-            else:
-                device.get(out=self._host[key])
-            setattr(self, key, ParameterBuffer(self.params.cfg, self._host[key]))
+        """Master weights (unless shared), moments and decay mask to host memory, the gradient buffer dropped.
+        Once offloaded (a streamed step leaves the state there) only the gradients are dropped."""
+        if not self.offloaded:
+            for key in self._offloadable():
+                setattr(self, key, ParameterBuffer(self.params.cfg, self._to_host(key, getattr(self, key).flat)))
+            if self.decay_mask is not None:
+                self.decay_mask = self._to_host("decay_mask", self.decay_mask)
+            self.offloaded = True
         self._grads = None
-        self.offloaded = True
         _release_cached_device_memory(self.xp)
 
     def restore(self) -> None:
-        """The offloaded state back on the device (the step, state_dict and load_state_dict call this)."""
+        """The offloaded state back on the device (state_dict and load_state_dict call this)."""
         if not self.offloaded:
             return
         _release_cached_device_memory(self.xp)  # freed activations first: the state takes their place
+        to_device = lambda host: host.copy() if self.xp is np else self.xp.asarray(host)
         for key in self._offloadable():
-            host = getattr(self, key).flat
-            device = host.copy() if self.xp is np else self.xp.asarray(host)
-            setattr(self, key, ParameterBuffer(self.params.cfg, device))
+            setattr(self, key, ParameterBuffer(self.params.cfg, to_device(getattr(self, key).flat)))
+        if self.decay_mask is not None:
+            self.decay_mask = to_device(self.decay_mask)
         self.offloaded = False
+
+    def _to_host(self, key: str, device):
+        """device's values in this key's host buffer (allocated on first use, kept for the next offload)."""
+        if key not in self._host:
+            self._host[key] = _host_buffer(self.xp, device.shape, device.dtype)
+        if self.xp is np:
+            self._host[key][...] = device
+        else:
+            device.get(out=self._host[key])
+        return self._host[key]
 
     def step(self, lr: float, grad_scale: float = 1.0) -> dict:
         """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
@@ -130,7 +144,6 @@ class AdamW:
         Returns metrics: grad_norm (of grad * grad_scale, before clipping), clipped (1.0 if clipping
         scaled the update down), skipped (1.0 if the norm was not finite and nothing was updated), lr.
         """
-        self.restore()
         norm = self.backend.grad_norm(self.grads.flat) * abs(grad_scale)
         metrics = {"grad_norm": norm, "clipped": 0.0, "skipped": 0.0, "lr": lr}
         if not math.isfinite(norm):
@@ -143,12 +156,37 @@ class AdamW:
                 scale *= clip_coef
                 metrics["clipped"] = 1.0
         self.step_count += 1
-        self.backend.adamw_step(
-            self.master.flat, self.grads.flat, self.exp_avg.flat, self.exp_avg_sq.flat, self.decay_mask,
-            lr, self.beta1, self.beta2, self.eps, self.weight_decay, self.step_count, grad_scale=scale,
-            working_out=None if self.shares_master else self.params.flat, rounding_seed=self.rounding_seed,
-        )
+        update = {"lr": lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps,
+                  "weight_decay": self.weight_decay, "step": self.step_count, "grad_scale": scale,
+                  "rounding_seed": self.rounding_seed}
+        if self.offloaded:
+            self._streamed_step(update)
+        else:
+            self.backend.adamw_step(self.master.flat, self.grads.flat, self.exp_avg.flat, self.exp_avg_sq.flat,
+                                    self.decay_mask, working_out=None if self.shares_master else self.params.flat,
+                                    **update)
         return metrics
+
+    def _streamed_step(self, update: dict) -> None:
+        """`adamw_step` over the host-resident state, STREAM_CHUNK elements at a time (module docstring)."""
+        xp, n = self.xp, self.params.flat.shape[0]
+        size = min(STREAM_CHUNK, n)
+        state = {key: getattr(self, key).flat for key in self._offloadable()}  # host: updated, copied back
+        host = {**state, "decay_mask": self.decay_mask} if self.decay_mask is not None else state
+        staging = [{key: xp.empty(size, array.dtype) for key, array in host.items()} for _ in range(2)]
+        copies = _PlainCopies() if xp is np else _CudaCopies(xp)
+        for index, start in enumerate(range(0, n, size)):
+            rows, slot = slice(start, min(start + size, n)), index % 2
+            chunk = {key: buffer[: rows.stop - start] for key, buffer in staging[slot].items()}
+            copies.upload(slot, [(chunk[key], host[key][rows]) for key in host])
+            with copies.update_stream():
+                self.backend.adamw_step(
+                    self.params.flat[rows] if self.shares_master else chunk["master"], self.grads.flat[rows],
+                    chunk["exp_avg"], chunk["exp_avg_sq"], chunk.get("decay_mask"),
+                    working_out=None if self.shares_master else self.params.flat[rows], offset=start, **update,
+                )
+            copies.download(slot, [(state[key][rows], chunk[key]) for key in state])
+        copies.finish()  # before the staging goes back to the pool and the host state is read
 
     def hyperparameters(self) -> dict:
         return {"betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
@@ -189,13 +227,66 @@ class AdamW:
             self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)
 
 
-def _host_buffer(xp, shape) -> np.ndarray:
+def _host_buffer(xp, shape, dtype) -> np.ndarray:
     """Page-locked host memory for a CuPy array's copy (transfers at the link's full rate), else plain."""
     if xp is np:
-        return np.empty(shape, np.float32)
+        return np.empty(shape, dtype)
     import cupyx
 
-    return cupyx.empty_pinned(shape, np.float32)
+    return cupyx.empty_pinned(shape, dtype)
+
+
+class _PlainCopies:
+    """A streamed step's copies on NumPy: plain assignments, (destination, source) pairs."""
+
+    def upload(self, slot: int, pairs) -> None:
+        for dst, src in pairs:
+            dst[...] = src
+
+    download = upload
+
+    def update_stream(self):
+        return contextlib.nullcontext()
+
+    def finish(self) -> None:
+        pass
+
+
+class _CudaCopies:
+    """A streamed step's copies on CuPy: uploads and the update on one stream, downloads on another, so that
+    chunk i's download overlaps chunk i + 1's upload (the link carries both directions at once). A chunk's
+    upload waits for the download of the chunk that last used its staging slot. Host buffers are pinned, so
+    every copy is asynchronous; `finish` waits for all of them."""
+
+    def __init__(self, cupy):
+        self.runtime = cupy.cuda.runtime
+        self.up = cupy.cuda.Stream(non_blocking=True)  # uploads, then the update kernel
+        self.down = cupy.cuda.Stream(non_blocking=True)
+        self.up.wait_event(cupy.cuda.get_current_stream().record())  # the backward's gradients first
+        self.slot_free = [None, None]  # per staging slot: the end of its last download
+
+    def upload(self, slot: int, pairs) -> None:
+        """(device, host) pairs."""
+        if self.slot_free[slot] is not None:
+            self.up.wait_event(self.slot_free[slot])
+        for device, host in pairs:
+            self.runtime.memcpyAsync(device.data.ptr, host.ctypes.data, device.nbytes,
+                                     self.runtime.memcpyHostToDevice, self.up.ptr)
+
+    def update_stream(self):
+        return self.up
+
+    def download(self, slot: int, pairs) -> None:
+        """(host, device) pairs, copied once the update is done."""
+        self.down.wait_event(self.up.record())
+        for host, device in pairs:
+            self.runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
+                                     self.runtime.memcpyDeviceToHost, self.down.ptr)
+        self.slot_free[slot] = self.down.record()
+
+    def finish(self) -> None:
+        self.up.synchronize()
+        self.down.synchronize()
 
 
 def _release_cached_device_memory(xp) -> None:

@@ -17,6 +17,9 @@ over flat (N,) arrays. The signatures are the CUDA kernels' contracts:
   step (2^-9 relative) for good when the master starts on the bf16 grid (any bf16 checkpoint): at RL's
   learning rates (1e-6 .. 1e-5) the policy then does not move. The 16 random bits of element i at step t are
   `splitmix64(seed, t * 2^40 + i + 1) >> 48`, a pure function, so a resumed run rewrites the same weights.
+- `offset` is the index of the arrays' element 0 in the whole buffer (its rounding counter), so a caller that
+  updates the buffer slice by slice (the optimizer's offloaded state, streamed through the device) gets the
+  same bits as one call over all of it.
 
 The math is torch.optim.AdamW's (decoupled decay, bias correction on the step size and on sqrt(v)). The
 arrays are processed in chunks, as a kernel's grid would, so the temporaries stay small on a large model.
@@ -63,6 +66,7 @@ def adamw_step(
     grad_scale: float = 1.0,
     working_out=None,
     rounding_seed: int | None = None,
+    offset: int = 0,
 ) -> None:
     """One AdamW update, in place, on flat (N,) arrays.
 
@@ -73,6 +77,7 @@ def adamw_step(
     step                    1-based count of this update (bias correction)
     working_out (N,) or None the working weights, overwritten with master cast to their dtype
     rounding_seed           None: round to nearest; an int: stochastic rounding (bf16 working weights only)
+    offset                  element 0's index in the whole buffer (the rounding's counter)
     """
     if step < 1:
         raise ValueError(f"adamw_step: step is 1-based, got {step}")
@@ -102,7 +107,7 @@ def adamw_step(
         denom = xp_of(p).sqrt(v) / np.float32(bias_correction2_sqrt) + np.float32(eps)
         p -= np.float32(step_size) * m / denom
         if rounding_seed is not None:
-            working_out[s] = stochastic_round_bfloat16(p, rounding_seed, step, start)
+            working_out[s] = stochastic_round_bfloat16(p, rounding_seed, step, offset + start)
         elif working_out is not None:
             working_out[s] = p.astype(working_out.dtype)
 

@@ -5,7 +5,9 @@
 //          p -= step_size * m / (sqrt(v) / bias_correction2_sqrt + eps);  working = p rounded to WORK_DTYPE
 //          with step_size = lr / (1 - b1^step), bias_correction2_sqrt = sqrt(1 - b2^step) (host computed).
 //          stochastic != 0 (bf16 working weights only): working = stochastic_round_bf16(p, 16 bits of
-//          splitmix64(rounding_seed, step * 2^40 + i + 1)), unbiased (see backend.ref.optim).
+//          splitmix64(rounding_seed, step * 2^40 + offset + i + 1)), unbiased (see backend.ref.optim);
+//          `offset` is element 0's index in the whole buffer, so a buffer updated chunk by chunk rounds
+//          exactly as in one launch.
 //          grad_norm: sum of g^2 in fp32 per block, blocks added into one fp64 scalar (caller zeroes it).
 // Shapes:  master, exp_avg, exp_avg_sq (N,) fp32, updated in place; grad (N,) DTYPE; decay_mask (N,) uint8 or
 //          null (decay everywhere); working (N,) WORK_DTYPE or null, overwritten.
@@ -32,7 +34,7 @@ extern "C" __global__ void adamw_step(float* __restrict__ master, float* __restr
                                       const scalar_t* __restrict__ grad, const unsigned char* __restrict__ decay_mask,
                                       long long n, float grad_scale, float beta1, float beta2, float eps,
                                       float decay, float step_size, float bias_correction2_sqrt,
-                                      int stochastic, u64 rounding_seed, long long step) {
+                                      int stochastic, u64 rounding_seed, long long step, long long offset) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float g = to_float(grad[i]) * grad_scale;
         float p = master[i];
@@ -43,7 +45,7 @@ extern "C" __global__ void adamw_step(float* __restrict__ master, float* __restr
         master[i] = p;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
-        if (working != nullptr) working[i] = round_working<WORK_DTYPE>(p, stochastic, rounding_seed, step, i);
+        if (working != nullptr) working[i] = round_working<WORK_DTYPE>(p, stochastic, rounding_seed, step, offset + i);
     }
 }
 

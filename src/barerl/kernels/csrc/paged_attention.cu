@@ -19,9 +19,13 @@
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
-//          round, the next round in flight (cp.async) while one is used, and keep an online softmax of their own (running
-//          max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups merge through shared memory at the end.
-// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2).
+//          round, the next STAGES - 1 rounds in flight (cp.async) while one is used, and keep an online softmax of
+//          their own (running max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups
+//          merge through shared memory at the end.
+// Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
+//          UNROLL (default 4) and STAGES (default 2, >= 1; 1 = no round in flight): their ring of
+//          2 x STAGES x UNROLL x THREADS 16-byte slices must fit the 48 KB of static shared memory with the merge
+//          buffers (STAGES x UNROLL <= 10 at head_dim 128).
 #include "mma.cuh"
 
 #ifndef Q_T
@@ -37,10 +41,20 @@
 constexpr int THREADS = 128;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
-constexpr int UNROLL = 4;            // tokens per token group and round (16-byte K and V loads per thread)
-constexpr int STAGES = 2;            // rounds in the cp.async shared-memory ring
+#ifndef UNROLL
+#define UNROLL 4  // tokens per token group and round (16-byte K and V loads per thread)
+#endif
+#ifndef STAGES
+#define STAGES 2  // rounds in the cp.async shared-memory ring
+#endif
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
+static_assert(UNROLL >= 1 && STAGES >= 1, "UNROLL and STAGES must be at least 1");
+// paged_attention_split's static shared memory: the K/V ring, then the token groups' merge buffers.
+constexpr int RING_BYTES = 2 * STAGES * UNROLL * THREADS * (int)sizeof(uint4);
+constexpr int MERGE_BYTES = (NTG * HEAD_DIM + 2 * NTG * GROUP) * (int)sizeof(float);
+static_assert(RING_BYTES + MERGE_BYTES <= 48 * 1024,
+              "the K/V ring (STAGES x UNROLL) and merge buffers exceed 48 KB of static shared memory");
 
 __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
     const scalar_t* e = reinterpret_cast<const scalar_t*>(&raw);
@@ -146,10 +160,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
 
     // Each token group walks its own tokens with its own running max m and sum l (online softmax); the loop
     // bounds are the same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
-    // The K and V rows of the next round are requested (cp.async into a shared-memory ring of STAGES rounds)
-    // before the current round is used, so their latency hides behind its math. Each thread reads back only the
-    // slices it copied itself: no barrier. (Measured on the H200 against loads one round ahead in registers:
-    // 8-9% faster on G1 and G2, bench/RESULTS.md.)
+    // The K and V rows of the round STAGES - 1 ahead are requested (cp.async into a shared-memory ring of STAGES
+    // rounds) before the current round is used, so their latency hides behind the math of the rounds between.
+    // Each thread reads back only the slices it copied itself: no barrier. The request of round i + STAGES - 1
+    // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
+    // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
     __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
     auto request = [&](int base, int slot) {
@@ -167,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     int slot = 0;
     for (int base = start; base < end; base += ROUND) {
         request(base + (STAGES - 1) * ROUND, (slot + STAGES - 1) % STAGES);
-        cp_async_wait<STAGES - 1>();
+        cp_async_wait<STAGES - 1>();  // of the STAGES groups in flight, the oldest (this round's) has landed
         uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {

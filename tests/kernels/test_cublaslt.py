@@ -1,0 +1,154 @@
+"""cuBLASLt's algorithm choice for decode-sized products (kernels/cublaslt.py). On the CPU: which candidates
+are timed and kept, with `_TUNE_DECODE` on and off. On the GPU: every candidate is right (the cold tuning
+may pick any), the tuning cycles through exact, aligned copies of b and records its pick, `_TUNE_DECODE =
+False` keeps the first pick over a recorded one, and an in-place accumulation is never tuned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from kernel_harness import BF16, FP32, assert_close, f32, poison
+
+ROWS, N, K = 64, 1024, 2048  # o_proj + residual in a G1 decode step: x (64, 2048) @ w (1024, 2048).T
+
+
+def fake_plan(times: list[float], decode: bool):
+    """A plan whose candidates are told apart by their first algorithm word, and a tune() of those times."""
+    from barerl.kernels.cublaslt import HeuristicResult, _Plan
+
+    candidates = [HeuristicResult() for _ in times]
+    for i, candidate in enumerate(candidates):
+        candidate.algo[0] = i
+    timed = []
+
+    def tune(candidate) -> float:
+        timed.append(candidate.algo[0])
+        return times[candidate.algo[0]]
+
+    return _Plan(None, (), candidates, "key", decode=decode), tune, timed
+
+
+def host_lt(tmp_path, choices=None):
+    """An _Lt with no library: what algorithm() needs to choose and record."""
+    from barerl.kernels.cublaslt import _Lt
+
+    state = object.__new__(_Lt)
+    state.choices, state.choices_path = dict(choices or {}), tmp_path / "choices.json"
+    return state
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_decode_plans_time_their_first_candidates_only(tmp_path, monkeypatch, decode):
+    from barerl.kernels import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_DECODE_CANDIDATES", 3)
+    plan, tune, timed = fake_plan([10.0, 9.0, 8.0, 1.0], decode)
+    state = host_lt(tmp_path)
+    chosen = state.algorithm(plan, tune)
+    assert timed == ([0, 1, 2] if decode else [0, 1, 2, 3]) and chosen.algo[0] == (2 if decode else 3)
+    assert json.loads(state.choices_path.read_text()) == {"key": bytes(chosen.algo).hex()}
+
+
+def test_decode_tuning_off_ignores_recorded_choices(tmp_path, monkeypatch):
+    from barerl.kernels import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_TUNE_DECODE", False)
+    plan, tune, timed = fake_plan([10.0, 1.0], decode=True)
+    state = host_lt(tmp_path, {"key": bytes(plan.candidates[1].algo).hex()})
+    assert state.algorithm(plan, tune).algo[0] == 0 and timed == []
+
+
+@pytest.fixture
+def lt(monkeypatch, tmp_path):
+    """This device's cuBLASLt state with no plans and no recorded choices (written under tmp_path)."""
+    from barerl.kernels import cublaslt
+
+    state = cublaslt._lt()
+    monkeypatch.setattr(state, "plans", {})
+    monkeypatch.setattr(state, "choices", {})
+    monkeypatch.setattr(state, "choices_path", tmp_path / "choices.json")
+    return state
+
+
+def operands(draw):
+    """x, w, residual of the product, and its fp32 reference."""
+    x, w, residual = draw.normal((ROWS, K), BF16), draw.normal((N, K), BF16, 0.02), draw.normal((ROWS, N), BF16)
+    return x, w, residual, f32(x) @ f32(w).T + f32(residual)
+
+
+@pytest.mark.gpu
+def test_every_decode_candidate_is_right(draw, lt):
+    import cupy
+
+    from barerl.kernels import cublaslt
+
+    x, w, residual, want = operands(draw)
+    out = cupy.empty((ROWS, N), BF16)
+    for algo in range(cublaslt.candidates(x, w, out, transb=True, c=residual)):
+        poison(out)
+        cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual, algo=algo)
+        assert_close(f"candidate {algo}", out, want, BF16)
+
+
+@pytest.mark.gpu
+def test_decode_tuning_cycles_through_copies_of_b(draw, lt, monkeypatch):
+    import cupy
+
+    from barerl.kernels import cublaslt
+
+    x, w, residual, want = operands(draw)
+    cycles = []
+
+    def checked_copies(b, stream):
+        memory, pointers = real_copies(b, stream)
+        for ptr in pointers[1:]:
+            assert ptr % 256 == 0
+            copy = cupy.ndarray(b.shape, np.uint16, cupy.cuda.MemoryPointer(memory, ptr - memory.ptr))
+            assert bool((copy == b.view(np.uint16)).all())
+        cycles.append(pointers)
+        return memory, pointers
+
+    real_copies = cublaslt._cold_copies
+    monkeypatch.setattr(cublaslt, "_cold_copies", checked_copies)
+    out = cupy.empty((ROWS, N), BF16)
+    poison(out)
+    cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual)
+    assert_close("tuned", out, want, BF16)
+    assert len(cycles) == 1 and cycles[0][0] == w.data.ptr
+    assert len(cycles[0]) == min(cublaslt._COLD_MAX_COPIES, math.ceil(cublaslt._COLD_BYTES / w.nbytes))
+    assert cublaslt.chosen(x, w, out, transb=True, c=residual) in range(cublaslt._DECODE_CANDIDATES)
+    recorded = json.loads(lt.choices_path.read_text())
+    assert [key for key in recorded if "m<=64 n<=1024 k<=2048" in key]
+
+
+@pytest.mark.gpu
+def test_decode_tuning_off_keeps_the_first_pick(draw, lt, monkeypatch):
+    import cupy
+
+    from barerl.kernels import cublaslt
+
+    x, w, residual, want = operands(draw)
+    out = cupy.empty((ROWS, N), BF16)
+    plan = cublaslt._plan_for(x, w, out, False, True, residual, None)[0]
+    lt.choices[plan.tuning_key] = bytes(plan.candidates[-1].algo).hex()  # as a run with tuning on left it
+    monkeypatch.setattr(cublaslt, "_TUNE_DECODE", False)
+    monkeypatch.setattr(cublaslt, "_cold_copies", lambda b, stream: pytest.fail("timed with tuning off"))
+    cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual)
+    assert_close("first pick", out, want, BF16)
+    assert cublaslt.chosen(x, w, out, transb=True, c=residual) == 0
+
+
+@pytest.mark.gpu
+def test_in_place_decode_accumulation_is_never_tuned(draw, lt, monkeypatch):
+    from barerl.kernels import cublaslt
+
+    x, w, _, _ = operands(draw)
+    acc = draw.normal((ROWS, N), FP32)
+    want = acc + f32(x) @ f32(w).T
+    monkeypatch.setattr(cublaslt._Lt, "algorithm", lambda *args: pytest.fail("in-place accumulation tuned"))
+    cublaslt.matmul(x, w, acc, transb=True, beta=1.0)
+    assert_close("acc += x w^T", acc, want, BF16)
