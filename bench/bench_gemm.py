@@ -1,17 +1,15 @@
 """The linear layers' matrix products at T1 and decode shapes: the GemmEx path against cuBLASLt's candidates.
 
 For each Qwen3-0.6B linear layer (qkv, o_proj + residual, gate_up, down + residual) at T1's 18,432 rows and
-at G1's 64 and G2's 256 decode rows, times: `linear` as shipped (cuBLASLt's tuned choice; split-K for decode
-rows with a long K), every algorithm cuBLASLt's heuristic proposes with the residual as C, and the tuned
+at G1's 64 and G2's 256 decode rows, times: `linear` as shipped (cuBLASLt's tuned choice), every algorithm cuBLASLt's heuristic proposes with the residual as C, and the tuned
 choice (its candidate index in the name). Also the backward products at T1 rows (dx = dy w, dw += dy^T x)
 through GemmEx and Lt. Times are CUDA-graph replays of 10 back-to-back calls (device time, no launch cost),
 median of 10 replays; results are checked against GemmEx's (relative error).
 
 Decode rows are also timed cold ("cold" variants): the graph cycles through copies of the weight spanning
 cuBLASLt's `_COLD_BYTES` (five times the H200's L2), so every call streams its weight from HBM as in a decode
-step, where the KV cache evicts it between layers; a hot replay keeps it in L2. There `linear` is also timed
-with its split-K path off ("linear no split-K", where it would split). A summary ends the output: per
-product, the fastest hot and cold variants against `linear`.
+step, where the KV cache evicts it between layers; a hot replay keeps it in L2. A summary ends the output:
+per product, the fastest hot and cold variants against `linear`.
 
 usage: PYTHONPATH=src python bench/bench_gemm.py [--rows T1 G1 G2] [--csv out.csv]
 """
@@ -21,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 from functools import partial
-from unittest import mock
 
 import numpy as np
 from bench_kernels import BF16, ceilings, rand, timed
@@ -99,10 +96,9 @@ def lt_variants(case: str, rows: int, call, flops: float, nbytes: int, count: in
 def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> list[dict]:
     import cupy
 
-    import barerl.kernels.linear as linear_module
     from barerl.kernels import cublaslt
     from barerl.kernels.cublas import gemm
-    from barerl.kernels.linear import linear, split_k_parts
+    from barerl.kernels.linear import linear
 
     x, w = rand((rows, k)), rand((n, k), scale=0.02)
     residual = rand((rows, n)) if has_residual else None
@@ -114,20 +110,13 @@ def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> li
     decode = rows <= cublaslt._TUNE_MIN_ROWS
     copies = weight_copies(w) if decode else None
 
-    def linear_variants(label: str) -> list[dict]:
-        def run(weight=w):
-            return linear(x, weight, residual=residual)
+    def run(weight=w):
+        return linear(x, weight, residual=residual)
 
-        err = rel_err(run(), want)
-        found = [result(case, rows, label, replay_us(run), flops, nbytes, err)]
-        if decode:
-            found.append(result(case, rows, f"{label} cold", cold_us(run, copies), flops, nbytes, err))
-        return found
-
-    rows_out = linear_variants("linear")
-    if decode and split_k_parts(rows, k, n) > 1:
-        with mock.patch.object(linear_module, "_SPLIT_K_MAX_ROWS", 0):
-            rows_out += linear_variants("linear no split-K")
+    err = rel_err(run(), want)
+    rows_out = [result(case, rows, "linear", replay_us(run), flops, nbytes, err)]
+    if decode:
+        rows_out.append(result(case, rows, "linear cold", cold_us(run, copies), flops, nbytes, err))
     count = cublaslt.candidates(x, w, out, transb=True, c=residual)
 
     def call(algo, weight=w):

@@ -3,19 +3,9 @@ GPU needed: these run in CI)."""
 
 import ctypes
 
-from test_linear import SPLIT_K_SHAPES
-
 from barerl.engine.device_memory import _AccessDesc, _AllocationProp
 from barerl.kernels import paged_attention
 from barerl.kernels.cublaslt import HeuristicResult, _tuning_key, alignment
-from barerl.kernels.linear import split_k_parts
-
-
-def test_split_k_is_taken_by_decode_shapes_only():
-    assert [split_k_parts(*shape) for shape in SPLIT_K_SHAPES] == [4, 3]
-    assert split_k_parts(64, 3072, 1024) == 6  # Qwen3-0.6B down_proj in a G1 decode step
-    # wide outputs (qkv, gate_up), training-sized row counts and K not a multiple of 512 stay plain GEMMs
-    assert split_k_parts(64, 1024, 4096) == split_k_parts(8192, 3072, 1024) == split_k_parts(64, 200, 64) == 1
 
 
 def test_driver_structures_have_the_cuda_h_layout():

@@ -132,21 +132,19 @@ def gemm(a, b, out, transa: bool = False, transb: bool = False, alpha: float = 1
     op(a) (M, K), op(b) (K, N), out (M, N). a and b share a dtype (bf16, fp16 or fp32); out is bf16, fp16
     or fp32; accumulation is fp32.
     """
-    return _gemm(a, b, out, transa, transb, alpha, beta)
-
-
-def gemm_split_k(x, w, partials):
-    """partials[s] = x[:, s Kc:(s+1) Kc] @ w[:, s Kc:(s+1) Kc].T for s < S = partials.shape[0], Kc = K / S.
-
-    x (M, K), w (N, K), partials (S, M, N) fp32 contiguous: one strided-batched GEMM, S times the CTAs of a
-    plain one (a decode step's few rows leave a plain GEMM with a long K too few). Sum the parts afterwards."""
-    splits = partials.shape[0]
-    k = x.shape[1]
-    if k % splits or w.shape[1] != k or partials.shape[1:] != (x.shape[0], w.shape[0]):
-        raise ValueError(f"gemm_split_k: x {x.shape}, w {w.shape}, partials {partials.shape} do not agree")
-    chunk = k // splits
-    return _gemm(x[:, :chunk], w[:, :chunk], partials[0], False, True, 1.0, 0.0,
-                 batch=(splits, chunk, chunk, partials[0].size))
+    (m, n, k), (_, _, lda), (_, _, ldb), (_, _, ldc) = product_layouts(a, b, out, transa, transb)
+    if m == 0 or n == 0:
+        return out
+    h = _handle()
+    f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
+    in_type, out_type = _CUDA_DTYPE[a.dtype.name], _CUDA_DTYPE[out.dtype.name]
+    # column-major view: out.T = op(b).T @ op(a).T, so b comes first
+    status = h.lib.cublasGemmEx(h.handle, _OP[transb], _OP[transa], n, m, k, ctypes.byref(f_alpha),
+                                ctypes.c_void_p(b.data.ptr), in_type, ldb, ctypes.c_void_p(a.data.ptr), in_type, lda,
+                                ctypes.byref(f_beta), ctypes.c_void_p(out.data.ptr), out_type, ldc, _COMPUTE_32F,
+                                _GEMM_DEFAULT)
+    check(status, f"cublasGemmEx(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
+    return out
 
 
 def product_layouts(a, b, out, transa: bool, transb: bool):
@@ -160,28 +158,3 @@ def product_layouts(a, b, out, transa: bool, transb: bool):
     if k != k2 or (ro, co) != (m, n):
         raise ValueError(f"matrix product: shapes do not agree: op(a) {(m, k)}, op(b) {(k2, n)}, out {(ro, co)}")
     return (m, n, k), layout_a, layout_b, layout_out
-
-
-def _gemm(a, b, out, transa, transb, alpha, beta, batch=None):
-    """One cuBLAS GEMM; batch = (count, stride of a, stride of b, stride of out) in elements makes it a
-    strided-batched one over the same shapes."""
-    (m, n, k), (_, _, lda), (_, _, ldb), (_, _, ldc) = product_layouts(a, b, out, transa, transb)
-    if m == 0 or n == 0:
-        return out
-    h = _handle()
-    f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
-    in_type, out_type = _CUDA_DTYPE[a.dtype.name], _CUDA_DTYPE[out.dtype.name]
-    # column-major view: out.T = op(b).T @ op(a).T, so b comes first
-    head = (h.handle, _OP[transb], _OP[transa], n, m, k, ctypes.byref(f_alpha))
-    b_arg, a_arg = (ctypes.c_void_p(b.data.ptr), in_type, ldb), (ctypes.c_void_p(a.data.ptr), in_type, lda)
-    out_arg = (ctypes.byref(f_beta), ctypes.c_void_p(out.data.ptr), out_type, ldc)
-    if batch is None:
-        status = h.lib.cublasGemmEx(*head, *b_arg, *a_arg, *out_arg, _COMPUTE_32F, _GEMM_DEFAULT)
-        what = "cublasGemmEx"
-    else:
-        stride_a, stride_b, stride_out = (ctypes.c_longlong(v) for v in batch[1:])
-        status = h.lib.cublasGemmStridedBatchedEx(*head, *b_arg, stride_b, *a_arg, stride_a, *out_arg, stride_out,
-                                                  ctypes.c_int(batch[0]), _COMPUTE_32F, _GEMM_DEFAULT)
-        what = f"cublasGemmStridedBatchedEx(batch={batch[0]})"
-    check(status, f"{what}(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")
-    return out

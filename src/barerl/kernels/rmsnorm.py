@@ -14,8 +14,6 @@ from barerl.kernels.launch import (
 )
 
 _ROWS_PER_BLOCK = 4
-_MAX_VECS = 4  # MAX_VECS in rmsnorm_row.cuh
-MAX_ROW_IN_REGISTERS = {size: 32 * (16 // size) * _MAX_VECS for size in (2, 4)}  # elements, by itemsize
 
 
 def _grid(rows: int, blocks_per_sm: int) -> int:

@@ -4,9 +4,7 @@ Checkpointing keeps each layer's input and recomputes the layer in backward. Som
 their outputs cost to keep (attention above all: 13 ms of a 249 ms T1 micro-batch for 2.1 GB). The layer
 code stays as it is: `RecordingOps` stands in for the backend during a layer's forward pass and keeps the
 outputs of the ops named in `keep`, in call order; `ReplayingOps` stands in during the recomputation and
-hands those outputs back, in the same order, instead of calling the ops. A fused op of two recomputable
-ones (`linear_rmsnorm`) runs as its two parts under both, so that each part is kept or recomputed as its
-own name says.
+hands those outputs back, in the same order, instead of calling the ops.
 """
 
 from __future__ import annotations
@@ -22,18 +20,6 @@ def check_keep(keep) -> frozenset:
     return frozenset(keep)
 
 
-def _unfused_linear_rmsnorm(ops, x, w, residual, norm_w, eps):
-    x_new = ops.linear(x, w, residual=residual)
-    return (x_new, *ops.rmsnorm(x_new, norm_w, eps))
-
-
-def _fused(ops, name: str):
-    """The stand-in for a fused op, or None for a single op."""
-    if name == "linear_rmsnorm":
-        return lambda *args: _unfused_linear_rmsnorm(ops, *args)
-    return None
-
-
 class RecordingOps:
     """The backend, keeping the outputs of the ops in `keep` (in call order) in `outputs`."""
 
@@ -41,9 +27,6 @@ class RecordingOps:
         self._ops, self._keep, self.outputs = ops, check_keep(keep), []
 
     def __getattr__(self, name: str):
-        fused = _fused(self, name)
-        if fused is not None:
-            return fused
         op = getattr(self._ops, name)
         if name not in self._keep:
             return op
@@ -63,9 +46,6 @@ class ReplayingOps:
         self._ops, self._keep, self._outputs = ops, check_keep(keep), iter(outputs)
 
     def __getattr__(self, name: str):
-        fused = _fused(self, name)
-        if fused is not None:
-            return fused
         if name not in self._keep:
             return getattr(self._ops, name)
         return lambda *args, **kwargs: next(self._outputs)

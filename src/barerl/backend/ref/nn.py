@@ -29,7 +29,6 @@ __all__ = [
     "embedding_backward",
     "linear",
     "linear_backward",
-    "linear_rmsnorm",
     "lm_head_backward",
     "lm_head_forward_backward",
     "lm_head_logits",
@@ -122,13 +121,6 @@ def linear(x, w, bias=None, residual=None):
     if residual is not None:
         y += _f32(residual)
     return y.astype(x.dtype, copy=False)
-
-
-def linear_rmsnorm(x, w, residual, norm_w, eps):
-    """x_new = x @ w.T + residual, then rmsnorm(x_new) * norm_w: a residual branch's output projection and
-    the next norm as one op (one kernel on the GPU). Returns x_new (T, N), h (T, N), rstd (T,) fp32."""
-    x_new = linear(x, w, residual=residual)
-    return (x_new, *rmsnorm(x_new, norm_w, eps))
 
 
 def linear_backward(dy, x, w, dw, dbias=None):

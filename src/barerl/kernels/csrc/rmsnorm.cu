@@ -6,15 +6,27 @@
 // Shapes:  x, y, dy, dx (T, C) DTYPE, rows contiguous, C % VEC == 0; w (C,) DTYPE; rstd (T,) fp32;
 //          dw (C,) fp32, accumulated (the caller zeroes it once per optimizer step).
 // Launch:  one warp per row, ROWS_PER_BLOCK (4) warps per block, grid-stride over rows; 16-byte accesses.
-//          Rows of up to 32 * VEC * MAX_VECS elements (1024 bf16 with the default 4) are held in registers
-//          (rmsnorm_row.cuh): all of a lane's loads are issued at once and the row is read once. Longer rows
-//          take a loop whose second pass re-reads the row from L1/L2.
+//          Rows of up to 32 * VEC * MAX_VECS elements (1024 bf16 with the default 4) are held in registers:
+//          all of a lane's loads are issued at once and the row is read once. Longer rows take a loop whose
+//          second pass re-reads the row from L1/L2.
 //          Backward: each warp adds its rows' dy * xhat into its own slice of dynamic shared memory
 //          (ROWS_PER_BLOCK * C fp32), then the block sums the slices and adds them to dw with one atomicAdd
 //          per column per block.
-#include "rmsnorm_row.cuh"
+#include "common.cuh"
 
 constexpr int ROWS_PER_BLOCK = 4;
+#ifndef MAX_VECS
+#define MAX_VECS 4
+#endif
+
+// The row's vectors of this lane (vector i covers elements (lane + 32 i) * VEC..), unwritten past cols.
+__device__ __forceinline__ void load_row(float (&v)[MAX_VECS][VEC], const scalar_t* row, int cols, int lane) {
+#pragma unroll
+    for (int i = 0; i < MAX_VECS; ++i) {
+        const int c = (lane + 32 * i) * VEC;
+        if (c < cols) load_vec(row + c, v[i]);
+    }
+}
 
 extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __restrict__ rstd_out,
                                            const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
@@ -25,8 +37,23 @@ extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __re
         for (int row = blockIdx.x * ROWS_PER_BLOCK + warp; row < rows; row += gridDim.x * ROWS_PER_BLOCK) {
             float v[MAX_VECS][VEC];
             load_row(v, x + (long long)row * cols, cols, lane);
-            const float rstd = normalize_row(v, y + (long long)row * cols, w, cols, lane, eps);
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MAX_VECS; ++i)
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) ss += (lane + 32 * i) * VEC < cols ? v[i][k] * v[i][k] : 0.0f;
+            const float rstd = rsqrtf(warp_sum(ss) / cols + eps);
             if (lane == 0) rstd_out[row] = rstd;
+#pragma unroll
+            for (int i = 0; i < MAX_VECS; ++i) {
+                const int c = (lane + 32 * i) * VEC;
+                if (c >= cols) continue;
+                float wv[VEC];
+                load_vec(w + c, wv);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) v[i][k] *= rstd * wv[k];
+                store_vec(y + (long long)row * cols + c, v[i]);
+            }
         }
         return;
     }
