@@ -21,7 +21,7 @@ def test_batch_buckets():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("steps", [1, 4])
+@pytest.mark.parametrize("steps", [1, 4, 16])
 def test_graph_decode_matches_eager(tiny_hf_model, tmp_path, steps):
     cupy = pytest.importorskip("cupy", reason="needs cupy and a CUDA GPU")
     try:

@@ -210,21 +210,24 @@ class ModelRunner:
         """forward_paged + sample(logits, counters), num_steps times, on device `arrays` (the forward_paged
         inputs and counters, changed in place: backend.advance_decode feeds each step's tokens to the next).
         Returns tokens and log-probs (num_steps, S) on the device."""
-        tokens, logprobs = [], []
+        tokens = logprobs = None
         for step in range(num_steps):
             if step:
-                self.model.backend.advance_decode(tokens[-1], *(arrays[name] for name in _ADVANCED_FIELDS),
+                self.model.backend.advance_decode(tokens[step - 1], *(arrays[name] for name in _ADVANCED_FIELDS),
                                                   self.block_size)
             logits = self.model.forward_paged(
                 arrays["input_ids"], arrays["positions"], arrays["cu_seqlens_q"], arrays["context_lens"],
                 arrays["block_tables"], arrays["slot_mapping"], self.kv_cache, max_position=max_position,
             )
             step_tokens, step_logprobs = sample(logits, arrays["counters"])
-            tokens.append(step_tokens)
-            logprobs.append(step_logprobs)
-        if num_steps == 1:  # a view: no copy kernel in a one-step graph
-            return tokens[0][None], logprobs[0][None]
-        return self.model.xp.stack(tokens), self.model.xp.stack(logprobs)
+            if num_steps == 1:  # a view: no copy kernel in a one-step graph
+                return step_tokens[None], step_logprobs[None]
+            if tokens is None:  # rows written in place: stacking many arrays copies a pointer table from the
+                # host, which CUDA-graph capture forbids
+                tokens = self.model.xp.empty((num_steps, *step_tokens.shape), step_tokens.dtype)
+                logprobs = self.model.xp.empty((num_steps, *step_logprobs.shape), step_logprobs.dtype)
+            tokens[step], logprobs[step] = step_tokens, step_logprobs
+        return tokens, logprobs
 
     def execute(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
         if self.kv_cache is None:
