@@ -39,7 +39,7 @@ class PagedMockModel:
         return (rng.normal(size=V) * self.scale).astype(np.float32)
 
     def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv,
-                      max_position=None):
+                      max_position=None, fresh_from=None):
         k, v = kv[0, 0].reshape(-1), kv[1, 0].reshape(-1)
         k[slot_mapping], v[slot_mapping] = input_ids, positions
         self.num_forward_tokens += len(input_ids)

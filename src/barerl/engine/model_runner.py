@@ -42,6 +42,7 @@ class StepInputs:
     context_lens: np.ndarray  # (S,) int32, tokens in the cache once this step's are written
     block_tables: np.ndarray  # (S, max_blocks) int32, -1 past each sequence's last block
     slot_mapping: np.ndarray  # (T,) int32, flat cache slot (block * block_size + offset) of each new token
+    fresh_from: int  # sequences fresh_from.. (the newly admitted, last in a batch) have no cached tokens yet
     # copy-on-write, done before the forward pass: block copy_dst[i] := block copy_src[i], all layers, K and V
     copy_src: np.ndarray  # (C,) int32
     copy_dst: np.ndarray  # (C,) int32
@@ -94,10 +95,13 @@ def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
         cu.append(end - start + cu[-1])
         context_lens.append(end)
     copy_src, copy_dst = block_copies(batch)
+    fresh_from = len(batch.seqs)
+    while fresh_from and batch.seqs[fresh_from - 1].num_computed_tokens == 0:
+        fresh_from -= 1
     return StepInputs(
         input_ids=_i32(ids), positions=_i32(positions), cu_seqlens_q=_i32(cu),
         context_lens=_i32(context_lens), block_tables=block_tables(batch), slot_mapping=_i32(slots),
-        copy_src=copy_src, copy_dst=copy_dst, **_sampling_arrays(batch),
+        fresh_from=fresh_from, copy_src=copy_src, copy_dst=copy_dst, **_sampling_arrays(batch),
     )
 
 
@@ -235,7 +239,7 @@ class ModelRunner:
         self.copy_blocks(inputs.copy_src, inputs.copy_dst)
         logits = self.model.forward_paged(
             inputs.input_ids, inputs.positions, inputs.cu_seqlens_q, inputs.context_lens,
-            inputs.block_tables, inputs.slot_mapping, self.kv_cache,
+            inputs.block_tables, inputs.slot_mapping, self.kv_cache, fresh_from=inputs.fresh_from,
         )
         return self.sample(logits, inputs)
 

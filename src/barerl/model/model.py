@@ -126,11 +126,17 @@ class Model:
         return self.xp.zeros(self.kv_cache_shape(num_blocks, block_size), dtype=self.dtype)
 
     def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache,
-                      max_position: int | None = None):
+                      max_position: int | None = None, fresh_from: int | None = None):
         """New tokens of S sequences against their paged KV cache -> (S, V) fp32 logits of each last token.
-        `max_position` (a bound on the positions) spares a host sync: CUDA-graph capture needs none."""
+        `max_position` (a bound on the positions) spares a host sync: CUDA-graph capture needs none.
+        `fresh_from` (with cu_seqlens_q on the host): sequences fresh_from.. have no cached tokens, so their
+        attention runs among their own new tokens as in training (the tiled flash kernel reads each key once
+        per query tile; the paged kernel reads a prompt's keys once per query token)."""
         ops, xp, p = self.backend, self.xp, self.params
         rope = self._rope(positions, max_position)
+        fresh = None
+        if fresh_from is not None and fresh_from < len(cu_seqlens_q) - 1:
+            fresh = fresh_from, int(cu_seqlens_q[fresh_from])  # first fresh sequence and its first new token
         cu = xp.asarray(cu_seqlens_q)
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         x = ops.embedding(xp.asarray(input_ids), p.embed)
@@ -141,8 +147,15 @@ class Model:
                 return ops.qk_norm_rope_store(*args, k_cache, v_cache, slots)
 
             def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
-                o = ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale)
-                return o, None
+                if fresh is None:
+                    return ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
+                s0, t0 = fresh
+                o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], cu[s0:] - t0, self.attention_scale)
+                if not s0:
+                    return o_fresh, None
+                o_cached = ops.paged_attention(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
+                                               self.attention_scale)
+                return xp.concatenate([o_cached, o_fresh]), None
 
             x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
