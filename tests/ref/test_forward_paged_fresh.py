@@ -31,9 +31,9 @@ def step(model, kv_cache, seqs, fresh_from):
         cu.append(cu[-1] + len(tokens) - cached)
         lens.append(len(tokens))
         tables.append(table + [0] * (4 - len(table)))
-    i32 = lambda x: np.array(x, np.int32)  # noqa: E731
-    return model.forward_paged(i32(ids), i32(positions), i32(cu), i32(lens), i32(tables), i32(slots), kv_cache,
-                               fresh_from=fresh_from)
+    ids, positions, cu, lens, tables, slots = (np.array(x, np.int32) for x in (ids, positions, cu, lens, tables,
+                                                                              slots))
+    return model.forward_paged(ids, positions, cu, lens, tables, slots, kv_cache, fresh_from=fresh_from)
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["pure-prefill", "cached-then-fresh"])
