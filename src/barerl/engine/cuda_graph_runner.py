@@ -157,6 +157,7 @@ class CudaGraphRunner(ModelRunner):
     def allocate_kv_cache(self) -> None:
         if self._kv_memory is None or self.kv_cache is not None:
             return super().allocate_kv_cache()
+        self.release_cached_blocks()
         self._kv_memory.map()
         self.kv_cache = self._kv_memory.array(self.model.kv_cache_shape(self.num_blocks, self.block_size),
                                               self.model.dtype)

@@ -169,8 +169,13 @@ class ModelRunner:
 
     def free_kv_cache(self) -> None:
         self.kv_cache = None
+        self.release_cached_blocks()
+
+    def release_cached_blocks(self) -> None:
+        """CuPy keeps freed blocks in its pool (a training step's activations, say): hand them back to the
+        device, so that the cache (mapped outside the pool, or allocated from it) takes their place."""
         free_pool = getattr(self.model.xp, "get_default_memory_pool", None)
-        if free_pool is not None:  # CuPy keeps freed blocks in its pool: hand them back to the device
+        if free_pool is not None:
             free_pool().free_all_blocks()
 
     def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
