@@ -101,7 +101,7 @@ def test_grpo_steps_on_the_gpu_equal_the_reference_in_fp32(tmp_path):
         run_grpo(cfg, smollm2_like_model(device, "float32"))
         runs[device] = metrics(tmp_path / device)
     for ref, got in zip(runs["cpu"], runs["cuda"]):
-        assert got["reward"] == ref["reward"]  # the same rollouts: the samplers draw the same noise
+        assert got["reward"] == ref["reward"]  # the same rollouts: the samplers draw the same numbers
         for key in ("loss", "grad_norm", "entropy"):
             assert abs(got[key] - ref[key]) <= 1e-4 * max(abs(ref[key]), 1e-3), (key, got[key], ref[key])
 
@@ -352,10 +352,11 @@ def test_eval_command_reports_accuracy(model_folder, tmp_path):
 
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
-    result = run_grpo(grpo_config(tmp_path, max_steps=3, dynamic_sampling=True, dynamic_sampling_max_rounds=4))
+    result = run_grpo(grpo_config(tmp_path, max_steps=3, dynamic_sampling=True, dynamic_sampling_max_rounds=4,
+                                  seed=4))
     records = metrics(tmp_path)
     assert len(result.rewards) == 3
     assert all("dynamic_sampling/rounds" in r for r in records)
-    # a first round with uninformative groups is topped up by more rounds (seed 3: step 1 has none at all)
+    # a first round with uninformative groups is topped up by more rounds (seed 4: step 1 has none at all)
     assert all(r["dynamic_sampling/rounds"] >= 1 for r in records if r["frac_reward_zero_std"] > 0)
     assert records[0]["frac_reward_zero_std"] == 1.0 and records[0]["num_tokens"] > 0

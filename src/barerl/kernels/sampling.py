@@ -1,13 +1,18 @@
 """sample on the GPU: temperature / top-k / top-p / min-p sampling with log-probs (csrc/sampling.cu).
 
 Design decisions:
-- Same tokens as backend.ref.sampling.sample, bit for bit: the kernel repeats the reference's fp32
-  operations (z = logits / T, the hash's fp32 uniform, -log(-log(u)), z + g, first argmax); the log-probs
-  differ only in summation order.
-- One pass over the vocabulary for the token and its log-prob, split over many CTAs per row (CHUNK tokens
-  each) so that a batch of 64 rows still fills the GPU; truncation thresholds come first from a radix select
-  per row (no sort), which returns at once for rows without truncation.
-- Every per-row setting is a device array and every launch's shape depends only on (B, V): the three
+- Inverse-CDF sampling with one random draw per row instead of Gumbel-max (a 64-bit hash and two logs per
+  vocabulary element): per element the kernel does one exp, a float -> u64 conversion and integer adds,
+  so sampling costs about two reads of the logits.
+- Same tokens as backend.ref.sampling.sample, bit for bit: each kept token's mass is rint(p * 2^42) in u64,
+  and integer sums are exact in any order, so the chunked sums and the prefix search pick the reference's
+  token; the floats behind a mass (z = logits / T, p = expf(z - m)) are the reference's own fp32
+  operations. The log-probs differ only in the summation order of the fp32 sum of p.
+- Split over many CTAs per row (CHUNK tokens each) so that a batch of 64 rows still fills the GPU: a pass
+  for the row maximum, a pass for each chunk's masses, and a finalize per row that rescans only the chunk
+  holding the target. Truncation thresholds come first from a radix select per row (no sort), which
+  returns at once for rows without truncation.
+- Every per-row setting is a device array and every launch's shape depends only on (B, V): the four
   launches can be captured in a CUDA graph.
 """
 
@@ -16,9 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 from barerl.kernels.build import load_kernel
+from barerl.kernels.launch import require
 
 _CHUNK = 4096  # must equal CHUNK in sampling.cu
-_SELECT_THREADS, _PARTIAL_THREADS = 512, 256  # must equal SELECT_THREADS / PARTIAL_THREADS in sampling.cu
+# must equal SELECT_THREADS / CHUNK_THREADS / FINAL_THREADS in sampling.cu
+_SELECT_THREADS, _CHUNK_THREADS, _FINAL_THREADS = 512, 256, 256
+_MAX_VOCAB = 2**21  # fixed-point masses of 2^42 each sum exactly in u64 (and in the top-p histograms)
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
@@ -29,6 +37,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
     import cupy
 
     B, V = logits.shape
+    require(V < _MAX_VOCAB, f"sample: vocabulary {V} must be below {_MAX_VOCAB}")
     logits = cupy.ascontiguousarray(logits, dtype=np.float32)
     temperature = cupy.asarray(temperature, dtype=np.float32)
     top_k = cupy.asarray(top_k, dtype=np.int32)
@@ -38,21 +47,23 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
     counters = cupy.asarray(counters, dtype=np.int64)
     chunks = -(-V // _CHUNK)
     thr = cupy.empty(B, np.uint32)
-    row_max = cupy.empty(B, np.float32)
-    part_max, part_sum, part_score = (cupy.empty((B, chunks), np.float32) for _ in range(3))
+    part_max, part_sum = (cupy.empty((B, chunks), np.float32) for _ in range(2))
     part_index = cupy.empty((B, chunks), np.int32)
+    part_mass = cupy.empty((B, chunks), np.uint64)
     tokens = cupy.empty(B, np.int32)
     logprobs = cupy.empty(B, np.float32)
     if B == 0:
         return tokens, logprobs
     vocab = np.int32(V)
     load_kernel("sampling.cu", "sample_thresholds")(
-        (B,), (_SELECT_THREADS,), (logits, temperature, top_k, top_p, min_p, thr, row_max, vocab))
-    load_kernel("sampling.cu", "sample_partials")(
-        (chunks, B), (_PARTIAL_THREADS,),
-        (logits, temperature, min_p, seeds, counters, thr, row_max, part_max, part_sum, part_score,
-         part_index, vocab))
+        (B,), (_SELECT_THREADS,), (logits, temperature, top_k, top_p, min_p, thr, vocab))
+    load_kernel("sampling.cu", "sample_chunk_max")(
+        (chunks, B), (_CHUNK_THREADS,), (logits, part_max, part_index, vocab))
+    load_kernel("sampling.cu", "sample_chunk_mass")(
+        (chunks, B), (_CHUNK_THREADS,),
+        (logits, temperature, min_p, thr, part_max, part_mass, part_sum, vocab))
     load_kernel("sampling.cu", "sample_finalize")(
-        (B,), (32,), (logits, temperature, part_max, part_sum, part_score, part_index, tokens, logprobs,
-                      vocab, np.int32(chunks)))
+        (B,), (_FINAL_THREADS,),
+        (logits, temperature, min_p, thr, seeds, counters, part_max, part_index, part_mass, part_sum,
+         tokens, logprobs, vocab, np.int32(chunks)))
     return tokens, logprobs

@@ -11,9 +11,22 @@ Row b, all math in fp32:
     more probable than v is < top_p. This is vLLM's "smallest set of most probable tokens reaching p", with
     ties at the boundary all kept so that a threshold search in a kernel gives the same set as a sort;
   min-p (0 = off): p_v >= min_p * p_max, i.e. exp(z_v - z_max) >= min_p (independent of normalisation).
-  The token is argmax over the kept set of z_v + g_v (Gumbel-max), g_v = -log(-log(u_v)) with u_v from
-  `uniform_noise(seed, counter, v)`, and logprob = z_token - logsumexp(z over the kept set).
-The noise is a counter-based hash (splitmix64 finaliser): no generator state, so the engine sets
+- The token is drawn by inverse CDF over exact fixed-point masses, with one random draw per row:
+    m = max of z over the kept set; p_v = exp(z_v - m) on the kept set, 0 elsewhere;
+    mass_v = rint(p_v * 2^42) as uint64 (p_v <= 1, and p_v * 2^42 is exact in fp32), total = sum of mass_v;
+    r = splitmix64(seed, counter) (64 bits); target = floor(r * total / 2^64), exact in integer arithmetic;
+    token = the first v (in index order) with mass_0 + ... + mass_v > target;
+  and logprob = z_token - (m + log(sum of p_v)), the log-prob under the truncated distribution sampled from.
+Why: Gumbel-max needs a 64-bit hash and two logs per vocabulary element; this needs one hash per row and
+per element one exp and an integer add, so a kernel is close to the cost of reading the logits. Why fixed
+point: integer sums are exact in any order, so a kernel that sums in chunks and trees picks the very same
+token as this reference (the fp32 sum of p behind the log-prob may differ in its last bits).
+Boundaries: r < 2^64 gives target < total, so a token always exists; a token whose mass rounds to 0
+(p_v < 2^-43) has the same prefix as its predecessor, so it is never the first to exceed the target;
+token v is drawn with probability mass_v / total up to 2^-64. V < 2^22 keeps total below 2^64; the kept set
+always holds the row's maximum (top-k >= 1, top_p > 0, min_p <= 1), so total >= 2^42, except in a row
+without a finite maximum (all -inf), which gives total 0, token 0 and a NaN log-prob.
+The draw is a counter-based hash (splitmix64 finaliser): no generator state, so the engine sets
 counter = index of the generated token within its sequence and a sequence samples the same tokens whatever
 batch it lands in, and after preemption and recompute.
 """
@@ -30,26 +43,13 @@ __all__ = [
     "lm_head_logprobs_filtered",
     "logprobs_under_sampling",
     "sample",
-    "uniform_noise",
 ]
+
+MASS_SCALE = np.float32(2.0**42)  # fixed-point unit of a token's mass (MASS_SCALE in sampling.cu)
+
 
 def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def uniform_noise(seeds, counters, vocab_size: int):
-    """u (B, V) fp32 in (0, 1): u[b, v] = uniform(seeds[b], counters[b], v), uint64 wrap-around arithmetic.
-
-    x = seed + 0x9E3779B97F4A7C15 * (counter * 2**32 + v + 1); z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31; u = ((z >> 41) + 0.5) * 2**-23 (23 bits, so
-    the + 0.5 is exact in fp32 and u < 1: with 24 bits the top value rounded to 1.0, an infinite Gumbel draw).
-    """
-    xp = xp_of(seeds)
-    u64 = xp.uint64
-    v = xp.arange(vocab_size, dtype=u64)
-    key = (xp.asarray(counters).astype(u64)[:, None] << u64(32)) + v[None, :] + u64(1)
-    z = splitmix64(xp.asarray(seeds).astype(u64)[:, None], key)
-    return ((z >> u64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
 
 
 def _keep_mask(z, top_k, top_p, min_p):
@@ -76,11 +76,56 @@ def _keep_mask(z, top_k, top_p, min_p):
     return keep
 
 
-def _masked_logsumexp(z, keep):
+def _kept_exp(z, keep):
+    """m (n, 1): the max of z over the kept set; p (n, V): exp(z - m) on the kept set, 0 elsewhere."""
     xp = xp_of(z)
     zk = xp.where(keep, z, -np.inf)
     m = zk.max(axis=-1, keepdims=True)
-    return (m + xp.log(xp.exp(zk - m).sum(axis=-1, keepdims=True)))[:, 0]
+    return m, xp.exp(zk - m)
+
+
+def _logsumexp_of(m, p):
+    return (m + xp_of(p).log(p.sum(axis=-1, keepdims=True)))[:, 0]
+
+
+def _masked_logsumexp(z, keep):
+    return _logsumexp_of(*_kept_exp(z, keep))
+
+
+def _prefix_masses(p):
+    """Inclusive prefix sums (n, V) uint64 of the fixed-point masses rint(p * 2^42), exact in any order.
+
+    A NaN p (z - m = -inf - -inf in a row without a finite maximum) weighs 0.
+    """
+    xp = xp_of(p)
+    mass = xp.rint(xp.where(p > 0, p, np.float32(0)) * MASS_SCALE).astype(xp.uint64)
+    return xp.cumsum(mass, axis=-1)
+
+
+def _mulhi64(a, b):
+    """floor(a * b / 2^64) for uint64 arrays, exact: the 128-bit product from 32-bit halves (__umul64hi)."""
+    u64 = xp_of(a).uint64
+    low, half = u64(0xFFFFFFFF), u64(32)
+    a_lo, a_hi, b_lo, b_hi = a & low, a >> half, b & low, b >> half
+    cross_hl, cross_lh = a_hi * b_lo, a_lo * b_hi
+    carry = ((a_lo * b_lo) >> half) + (cross_hl & low) + (cross_lh & low)  # < 3 * 2^32: no wrap
+    return a_hi * b_hi + (cross_hl >> half) + (cross_lh >> half) + (carry >> half)
+
+
+def _draw_targets(seeds, counters, totals):
+    """target (n,) uint64 = floor(splitmix64(seed, counter) * total / 2^64): below total (when total > 0),
+    and each value in [0, total) has 2^64 / total draws to within one, so a range of mass w is hit with
+    probability w / total up to 2^-64."""
+    xp = xp_of(totals)
+    u64 = xp.uint64
+    r = splitmix64(xp.asarray(seeds).astype(u64), xp.asarray(counters).astype(u64))
+    return _mulhi64(r, totals.astype(u64, copy=False))
+
+
+def _inverse_cdf(prefix, targets):
+    """The first v of each row with prefix[v] > target (prefix (n, V) non-decreasing, targets (n,)); 0 when
+    none does (total 0)."""
+    return (prefix > targets[:, None]).argmax(axis=-1)
 
 
 def _log_softmax_at(logits, tokens):
@@ -98,7 +143,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
     """One token per row: tokens (B,) int32 and their log-probs (B,) fp32 (see the module docstring)."""
     xp = xp_of(logits)
     logits = logits.astype(np.float32, copy=False)
-    B, V = logits.shape
+    B = logits.shape[0]
     tokens = xp.empty(B, np.int32)
     logprobs = xp.empty(B, np.float32)
     greedy, rand = _split_rows(temperature)
@@ -110,11 +155,12 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
         r = xp.asarray(rand)
         z = logits[r] / xp.asarray(temperature, dtype=np.float32)[r][:, None]
         keep = _keep_mask(z, _host(top_k)[rand], _host(top_p)[rand], _host(min_p)[rand])
-        u = uniform_noise(xp.asarray(seeds)[r], xp.asarray(counters)[r], V)
-        gumbel = -xp.log(-xp.log(u))
-        chosen = xp.where(keep, z + gumbel, -np.inf).argmax(axis=-1)
+        m, p = _kept_exp(z, keep)
+        prefix = _prefix_masses(p)
+        targets = _draw_targets(xp.asarray(seeds)[r], xp.asarray(counters)[r], prefix[:, -1])
+        chosen = _inverse_cdf(prefix, targets)
         tokens[r] = chosen
-        logprobs[r] = z[xp.arange(rand.size), chosen] - _masked_logsumexp(z, keep)
+        logprobs[r] = z[xp.arange(rand.size), chosen] - _logsumexp_of(m, p)
     return tokens, logprobs
 
 
