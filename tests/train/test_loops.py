@@ -95,9 +95,13 @@ def smollm2_like_model(device: str, dtype: str, seed=0) -> Model:
 
 @pytest.mark.gpu
 def test_grpo_steps_on_the_gpu_equal_the_reference_in_fp32(tmp_path):
+    # Two steps: an update and a step on the updated weights. At this learning rate Adam's first updates are
+    # about lr * sign(g), so gradient entries at rounding level get full-size updates of opposite signs on
+    # the two devices: on the H200 the third step's completions and loss still agreed (loss to 2e-5) but
+    # grad_norm differed by 8e-4.
     runs = {}
     for device in ("cpu", "cuda"):
-        cfg = grpo_config(tmp_path / device, max_steps=3, device=device, dtype="float32")
+        cfg = grpo_config(tmp_path / device, max_steps=2, device=device, dtype="float32")
         run_grpo(cfg, smollm2_like_model(device, "float32"))
         runs[device] = metrics(tmp_path / device)
     for ref, got in zip(runs["cpu"], runs["cuda"]):

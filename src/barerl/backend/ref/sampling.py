@@ -66,7 +66,7 @@ def _top_p_keep(z, kept, top_p: float):
     order = xp.argsort(-zk)
     running = xp.cumsum(weight[order])
     target = max(math.ceil(top_p * float(int(running[-1]))), 1)
-    first = min(int(xp.searchsorted(running, xp.uint64(target))), z.shape[0] - 1)
+    first = min(int((running < xp.asarray(target, dtype=xp.uint64)).sum()), z.shape[0] - 1)  # 1st >= target
     return z >= zk[order[first]]
 
 
