@@ -37,7 +37,6 @@ import numpy as np
 
 from barerl.engine.device_memory import RemappableBuffer
 from barerl.engine.model_runner import (
-    _ADVANCED_FIELDS,
     ModelRunner,
     PendingSteps,
     StepInputs,
@@ -197,9 +196,7 @@ class CudaGraphRunner(ModelRunner):
         with self.stream:
             self.static.upload_block_tables(block_tables(batch))
             self.copy_blocks(*block_copies(batch))
-            v = self.static.views(key[0])
-            self.model.backend.advance_decode(tokens[-1], *(v[name] for name in _ADVANCED_FIELDS),
-                                              self.block_size)
+            self.advance(tokens[-1], self.static.views(key[0]))
             graph.launch(self.stream)
             return self._fetch_later(key, len(batch.seqs))
 

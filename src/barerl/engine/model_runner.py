@@ -206,9 +206,13 @@ class ModelRunner:
         inputs, arrays, last_tokens = previous.state
         arrays["block_tables"] = self.model.xp.asarray(block_tables(batch))
         self.copy_blocks(*block_copies(batch))
-        self.model.backend.advance_decode(last_tokens, *(arrays[name] for name in _ADVANCED_FIELDS),
-                                          self.block_size)
+        self.advance(last_tokens, arrays)
         return self._decode_pending(inputs, arrays, batch.num_steps)
+
+    def advance(self, tokens, arrays: dict) -> None:
+        """A decode step's inputs in `arrays` (device, changed in place) become the next step's, given its
+        sampled tokens."""
+        self.model.backend.advance_decode(tokens, *(arrays[name] for name in _ADVANCED_FIELDS), self.block_size)
 
     def _decode_pending(self, inputs: StepInputs, arrays: dict, num_steps: int) -> PendingSteps:
         tokens, logprobs = self.decode_steps(
@@ -222,8 +226,7 @@ class ModelRunner:
         tokens = logprobs = None
         for step in range(num_steps):
             if step:
-                self.model.backend.advance_decode(tokens[step - 1], *(arrays[name] for name in _ADVANCED_FIELDS),
-                                                  self.block_size)
+                self.advance(tokens[step - 1], arrays)
             logits = self.model.forward_paged(
                 arrays["input_ids"], arrays["positions"], arrays["cu_seqlens_q"], arrays["context_lens"],
                 arrays["block_tables"], arrays["slot_mapping"], self.kv_cache, max_position=max_position,

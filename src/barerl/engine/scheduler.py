@@ -132,12 +132,15 @@ class Scheduler:
         if self.waiting or not batch.is_decode_only:
             return False
         for i, seq in enumerate(batch.seqs):
-            max_tokens = seq.params.max_tokens or self.max_model_len
-            room = min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
-            if not batch.samples(i) or seq.num_samples != 1 or seq.banned_token_ids() or room < num_steps:
+            if not batch.samples(i) or seq.num_samples != 1 or seq.banned_token_ids() or self._room(seq) < num_steps:
                 return False
         needed = sum(self.block_manager.num_blocks_to_append(seq, num_steps) for seq in batch.seqs)
         return needed <= self.block_manager.num_free_blocks
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens seq may still generate (max_tokens, max_model_len)."""
+        max_tokens = seq.params.max_tokens or self.max_model_len
+        return min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
 
     def schedule_continuation(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The lookahead batch after `batch`, whose tokens are not recorded yet: the same sequences for
@@ -148,9 +151,7 @@ class Scheduler:
             return None
         ahead = 2 * num_steps  # batch's own steps, then the continuation's
         for seq in batch.seqs:
-            max_tokens = seq.params.max_tokens or self.max_model_len
-            room = min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
-            if seq.status is not SequenceStatus.RUNNING or room < ahead:
+            if seq.status is not SequenceStatus.RUNNING or self._room(seq) < ahead:
                 return None
         needed = sum(self.block_manager.num_blocks_to_append(seq, ahead) for seq in batch.seqs)
         if needed > self.block_manager.num_free_blocks:

@@ -138,6 +138,7 @@ class Model:
         if fresh_from is not None and fresh_from < len(cu_seqlens_q) - 1:
             fresh = fresh_from, int(cu_seqlens_q[fresh_from])  # first fresh sequence and its first new token
         cu = xp.asarray(cu_seqlens_q)
+        fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
@@ -150,7 +151,7 @@ class Model:
                 if fresh is None:
                     return ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
                 s0, t0 = fresh
-                o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], cu[s0:] - t0, self.attention_scale)
+                o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
                 if not s0:
                     return o_fresh, None
                 o_cached = ops.paged_attention(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
