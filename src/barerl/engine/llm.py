@@ -70,6 +70,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling"):
+            if not isinstance(getattr(self, name), bool):  # a string "false" would be true
+                raise ValueError(f"LLM: {name} must be True or False, got {getattr(self, name)!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             got = self.gpu_memory_utilization
             raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {got!r}")
