@@ -72,7 +72,8 @@ class EngineConfig:
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):  # a string "false" would be true
-                raise ValueError(f"LLM: {name} must be True or False, got {getattr(self, name)!r}")  # noqa: TRY004 - as every config error
+                got = getattr(self, name)
+                raise ValueError(f"LLM: {name} must be True or False, got {got!r}")  # noqa: TRY004 - as all config errors
         if not 0 < self.gpu_memory_utilization <= 1:
             got = self.gpu_memory_utilization
             raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {got!r}")
