@@ -71,9 +71,9 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling"):
-            if not isinstance(getattr(self, name), bool):  # a string "false" would be true
+            if not isinstance(getattr(self, name), bool):  # a string "false" would be true (ValueError: as all)
                 got = getattr(self, name)
-                raise ValueError(f"LLM: {name} must be True or False, got {got!r}")  # noqa: TRY004 - as all config errors
+                raise ValueError(f"LLM: {name} must be True or False, got {got!r}")  # noqa: TRY004
         if not 0 < self.gpu_memory_utilization <= 1:
             got = self.gpu_memory_utilization
             raise ValueError(f"LLM: gpu_memory_utilization must be in (0, 1], got {got!r}")
