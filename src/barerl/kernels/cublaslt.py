@@ -51,6 +51,9 @@ from barerl.kernels.cublas import (
 _COMPUTE_32F, _SCALE_32F = 68, 0
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
+# cublasLtMatmulAlgoConfigAttributes_t: name -> (attribute, bytes)
+_ALGO_CONFIG = {"id": (0, 4), "tile": (1, 4), "splitk": (2, 4), "reduction": (3, 4), "swizzle": (4, 4),
+                "custom": (5, 4), "stages": (6, 4), "inner_shape": (7, 2), "cluster_shape": (8, 2)}
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
 _TUNE_MIN_ROWS = 256  # products of at most this many rows (decode) are timed cold (see the module docstring)
@@ -86,6 +89,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i, p, p],
         "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
         "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
+        "cublasLtMatmulAlgoConfigGetAttribute": [p, i, p, size, p],
         "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
@@ -251,6 +255,24 @@ def chosen(a, b, out, transa=False, transb=False, c=None, bias=None) -> int | No
     algos = [bytes(candidate.algo) for candidate in plan.candidates]
     pick = None if plan.chosen is None else bytes(plan.chosen.algo)
     return algos.index(pick) if pick in algos else None
+
+
+def algorithm_config(result) -> dict[str, int]:
+    """An algorithm's configuration (cuBLASLt's id, tile, split-K parts, reduction scheme, ...) by name."""
+    lib = _lt().lib
+    config = {}
+    for name, (attribute, nbytes) in _ALGO_CONFIG.items():
+        value, written = ctypes.c_uint64(0), ctypes.c_size_t()
+        check(lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(result.algo), attribute, ctypes.byref(value),
+                                                       nbytes, ctypes.byref(written)),
+              "cublasLtMatmulAlgoConfigGetAttribute")
+        config[name] = value.value
+    return config
+
+
+def candidate_configs(a, b, out, transa=False, transb=False, c=None, bias=None) -> list[dict[str, int]]:
+    """algorithm_config of each of the heuristic's candidates for this product (benchmarks)."""
+    return [algorithm_config(r) for r in _plan_for(a, b, out, transa, transb, c, bias)[0].candidates]
 
 
 def _plan_for(a, b, out, transa, transb, c, bias):

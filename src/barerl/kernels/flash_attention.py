@@ -13,7 +13,9 @@ import numpy as np
 
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
+from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
+from barerl.kernels.paged_attention import paged_attention
 
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
 # m16 row tiles per warp (query rows per block = 16 x fwd_mt x fwd_warps) and keys per K/V tile; backward:
@@ -37,21 +39,25 @@ def _kernel_covers(q) -> bool:
     return q.dtype != np.float32 and q.shape[2] in (64, 128)
 
 
-def _setup(q, k, v, cu_seqlens, kernel_name: str):
-    T, H, D = q.shape
-    K = k.shape[1]
-    require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
-    require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
-    require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
-    defines = {
-        "DTYPE": ctype(q.dtype),
-        "HEAD_DIM": D,
+def _defines(dtype, head_dim: int) -> dict:
+    return {
+        "DTYPE": ctype(dtype),
+        "HEAD_DIM": head_dim,
         "FWD_WARPS": CONFIG["fwd_warps"],
         "FWD_MT": CONFIG["fwd_mt"],
         "FWD_BN_KEYS": CONFIG["fwd_bn"],
         "BWD_WARPS": CONFIG["bwd_warps"],
         **CONFIG["defines"],
     }
+
+
+def _setup(q, k, v, cu_seqlens, kernel_name: str):
+    T, H, D = q.shape
+    K = k.shape[1]
+    require(H % K == 0, f"attention: query heads {H} must be a multiple of kv heads {K}")
+    require(D in (64, 128), f"attention: head_dim {D} is not supported by the kernel (64 or 128)")
+    require(k.shape == v.shape == (T, K, D), f"attention: k {k.shape} / v {v.shape} do not match q {q.shape}")
+    defines = _defines(q.dtype, D)
     cu = contiguous(cu_seqlens.astype(np.int32, copy=False))
     return load_kernel("flash_attention.cu", kernel_name, defines), defines, cu, cu.shape[0] - 1
 
@@ -103,6 +109,41 @@ def attention(q, k, v, cu_seqlens, scale):
             shared_mem=smem,
         )
     return o, lse
+
+
+def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """`paged_attention` (same contract) whose output for a query token is bitwise the one `attention` gives
+    that token in its packed sequence, whatever else is in the batch: the decode side of batch-invariant
+    rollouts (engine and trainer compute the same log-probs). One warp per (token, kv head) walks all the
+    token's keys (no split), so it suits many sequences (rollouts), not one long one. Inputs the tensor-core
+    kernels do not cover (fp32, other head sizes) take the ordinary paged kernel."""
+    import cupy
+
+    T, H, D = q.shape
+    _, block_size, K, _ = k_cache.shape
+    if not (_kernel_covers(q) and k_cache.dtype == q.dtype and H // K <= 16):
+        return paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    require(H % K == 0 and k_cache.shape[3] == D and v_cache.shape == k_cache.shape,
+            f"paged_attention_invariant: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+    i32 = np.int32
+    block_tables = contiguous(cupy.asarray(block_tables).astype(i32, copy=False))
+    context_lens = cupy.asarray(context_lens).astype(i32, copy=False)
+    cu_seqlens_q = cupy.asarray(cu_seqlens_q).astype(i32, copy=False)
+    q_stride = token_stride(q)
+    if q_stride is None:
+        q = contiguous(q)
+        q_stride = H * D
+    out = cupy.empty((T, H, D), q.dtype)
+    if T == 0:
+        return out
+    S, max_blocks = block_tables.shape
+    kernel = load_kernel("flash_attention.cu", "paged_attention_invariant", _defines(q.dtype, D))
+    smem = _smem(kernel, (16 + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
+    kernel((K, T), (32,),
+           (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, i32(S), i32(H), i32(K),
+            i32(block_size), i32(max_blocks), i32(T == S), np.int64(q_stride), np.float32(scale * _LOG2E)),
+           shared_mem=smem)
+    return out
 
 
 def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):

@@ -9,7 +9,11 @@ from barerl.backend.ref import *
 from barerl.kernels.adamw import adamw_step, grad_norm  # noqa: F401
 from barerl.kernels.advance_decode import advance_decode  # noqa: F401
 from barerl.kernels.embedding import embedding, embedding_backward  # noqa: F401
-from barerl.kernels.flash_attention import attention, attention_backward  # noqa: F401
+from barerl.kernels.flash_attention import (  # noqa: F401
+    attention,
+    attention_backward,
+    paged_attention_invariant,
+)
 from barerl.kernels.kv_cache import store_kv  # noqa: F401
 from barerl.kernels.linear import linear, linear_backward, lm_head_logits  # noqa: F401
 from barerl.kernels.lm_head import lm_head_backward, lm_head_forward_backward, lm_head_logprobs  # noqa: F401

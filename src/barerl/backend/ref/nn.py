@@ -34,6 +34,7 @@ __all__ = [
     "lm_head_logits",
     "lm_head_logprobs",
     "paged_attention",
+    "paged_attention_invariant",
     "qk_norm_rope",
     "qk_norm_rope_backward",
     "qk_norm_rope_store",
@@ -337,6 +338,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
         p /= p.sum(axis=-1, keepdims=True)
         o[a:b] = (p @ _expand_kv(_f32(vs), group)).transpose(1, 0, 2)
     return o.astype(q.dtype, copy=False)
+
+
+def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """paged_attention's math. The CUDA twin adds a guarantee the reference needs no code for: a token's
+    output is bitwise the training `attention`'s for it, whatever else is in the batch."""
+    return paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 //          (cp.async, two stages) while the current one is used. Dynamic shared memory (> 48 KiB).
 // Accumulation: all products in fp32 (mma.sync m16n8k16), P and dS rounded to DTYPE as mma operands.
 #include "mma.cuh"
+#include "sequences.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -96,6 +97,130 @@ __device__ __forceinline__ void load_tile(scalar_t* dst, const scalar_t* base, l
     }
 }
 
+// A row's softmax denominator: the four partial sums of its quad (every lane of the warp must call this).
+__device__ __forceinline__ float quad_total(float partial) {
+    partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+    partial += __shfl_xor_sync(0xffffffffu, partial, 2);
+    return partial;
+}
+
+// This thread's columns of output row r (0: the rows g, 1: the rows g + 8) of an m16 tile: acc / sum, rounded.
+__device__ __forceinline__ void store_row(scalar_t* orow, const float (&acc)[D / 8][4], int r, int t, float sum) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+        *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
+            pack2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv, scalar_t());
+}
+
+// One K/V tile of the forward's online softmax for a warp's MT m16 row tiles: S = Q K^T in fp32, the causal
+// mask (key > the row's position, or past len) when `masked`, the running max and sum and acc rescaled, then
+// acc += P V with P rounded to scalar_t. Row sums stay per-thread partials (summed over the quad at the end).
+// The training forward and the batch-invariant decode kernel both run this code, so a query row goes through
+// the same operations in the same order in both. q_regs: Q's A fragments when MT = 1; else read at q_base.
+// k_base, v_base: the tile's K and V in shared memory (FWD_BN rows of pitch LD).
+template <int MT>
+__device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&row_max)[MT][2],
+                                            float (&row_sum)[MT][2], const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4],
+                                            unsigned q_base, unsigned k_tile, unsigned v_tile, int lane, int kv0,
+                                            bool masked, const int (&row_pos)[MT][2], int len, float scale_log2) {
+    const int t = lane & 3;
+    const unsigned k_base = k_tile + lane_offset_b(lane, LD);
+    const unsigned v_base = v_tile + lane_offset_a(lane, LD);
+    float s[MT][FWD_BN / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < FWD_BN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned qf[MT][4];
+        if constexpr (MT == 1) {  // registers allow: Q's fragments were loaded once, at the first tile
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qf[0][i] = q_regs[kk][i];
+        } else {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                ldsm_x4(qf[m], q_base + 16 * m * ROW + kk * 16 * EL);
+        }
+#pragma unroll
+        for (int p = 0; p < FWD_BN / 16; ++p) {
+            unsigned b[4];
+            ldsm_x4(b, k_base + p * 16 * ROW + kk * 16 * EL);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma(s[m][2 * p], qf[m], b, scalar_t());
+                mma(s[m][2 * p + 1], qf[m], b + 2, scalar_t());
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[m][nt][e];  // raw score: scale > 0, so maxima commute with scaling
+                if (masked) {
+                    const int key = kv0 + nt * 8 + 2 * t + (e & 1);
+                    if (key > row_pos[m][e >> 1] || key >= len) x = NEG_INF;
+                }
+                s[m][nt][e] = x;
+                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+            }
+        }
+        float rescale[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+            const float m_new = fmaxf(row_max[m][r], tile_max[r]);
+            const float m_use = m_new == NEG_INF ? 0.0f : m_new * scale_log2;  // in base-2 exponent units
+            rescale[r] = fast_exp2(row_max[m][r] * scale_log2 - m_use);
+            row_max[m][r] = m_new;
+            row_sum[m][r] *= rescale[r];
+            tile_max[r] = m_use;
+        }
+#pragma unroll
+        for (int nt = 0; nt < FWD_BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[m][nt][e] = fast_exp2(fmaf(s[m][nt][e], scale_log2, -tile_max[e >> 1]));
+                row_sum[m][e >> 1] += s[m][nt][e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            acc[m][i][0] *= rescale[0];
+            acc[m][i][1] *= rescale[0];
+            acc[m][i][2] *= rescale[1];
+            acc[m][i][3] *= rescale[1];
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < FWD_BN / 16; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            a[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1], scalar_t());
+            a[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3], scalar_t());
+            a[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1], scalar_t());
+            a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3], scalar_t());
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            unsigned b[4];
+            ldsm_x4_trans(b, v_base + kk * 16 * ROW + dp * 16 * EL);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma(acc[m][2 * dp], a[m], b, scalar_t());
+                mma(acc[m][2 * dp + 1], a[m], b + 2, scalar_t());
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forward(
     scalar_t* __restrict__ o, float* __restrict__ lse, const scalar_t* __restrict__ q,
     const scalar_t* __restrict__ k, const scalar_t* __restrict__ v, const int* __restrict__ cu_seqlens,
@@ -152,102 +277,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
             for (int kk = 0; kk < D / 16; ++kk)
                 ldsm_x4(q_regs[kk], q_base + kk * 16 * EL);
         }
-        const unsigned k_base = smem_addr(sK + stage * FWD_BN * LD) + lane_offset_b(lane, LD);
-        const unsigned v_base = smem_addr(sV + stage * FWD_BN * LD) + lane_offset_a(lane, LD);
-        float s[MT][FWD_BN / 8][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int i = 0; i < FWD_BN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned qf[MT][4];
-            if constexpr (MT == 1) {  // registers allow: Q's fragments were loaded once, at the first tile
-#pragma unroll
-                for (int i = 0; i < 4; ++i) qf[0][i] = q_regs[kk][i];
-            } else {
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-                    ldsm_x4(qf[m], q_base + 16 * m * ROW + kk * 16 * EL);
-            }
-#pragma unroll
-            for (int p = 0; p < FWD_BN / 16; ++p) {
-                unsigned b[4];
-                ldsm_x4(b, k_base + p * 16 * ROW + kk * 16 * EL);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    mma(s[m][2 * p], qf[m], b, scalar_t());
-                    mma(s[m][2 * p + 1], qf[m], b + 2, scalar_t());
-                }
-            }
-        }
         const int kv0 = j * FWD_BN;
-        const bool masked = kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len;
+        int row_pos[MT][2];  // each thread's two rows per m16 tile, positions in the sequence
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            float tile_max[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-            for (int nt = 0; nt < FWD_BN / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = s[m][nt][e];  // raw score: scale > 0, so maxima commute with scaling
-                    if (masked) {
-                        const int key = kv0 + nt * 8 + 2 * t + (e & 1);
-                        if (key > row_a + 16 * m + 8 * (e >> 1) || key >= len) x = NEG_INF;
-                    }
-                    s[m][nt][e] = x;
-                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-                }
-            }
-            float rescale[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-                const float m_new = fmaxf(row_max[m][r], tile_max[r]);
-                const float m_use = m_new == NEG_INF ? 0.0f : m_new * scale_log2;  // in base-2 exponent units
-                rescale[r] = fast_exp2(row_max[m][r] * scale_log2 - m_use);
-                row_max[m][r] = m_new;
-                row_sum[m][r] *= rescale[r];
-                tile_max[r] = m_use;
-            }
-#pragma unroll
-            for (int nt = 0; nt < FWD_BN / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[m][nt][e] = fast_exp2(fmaf(s[m][nt][e], scale_log2, -tile_max[e >> 1]));
-                    row_sum[m][e >> 1] += s[m][nt][e];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i) {
-                acc[m][i][0] *= rescale[0];
-                acc[m][i][1] *= rescale[0];
-                acc[m][i][2] *= rescale[1];
-                acc[m][i][3] *= rescale[1];
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < FWD_BN / 16; ++kk) {
-            unsigned a[MT][4];
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                a[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1], scalar_t());
-                a[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3], scalar_t());
-                a[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1], scalar_t());
-                a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3], scalar_t());
-            }
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                unsigned b[4];
-                ldsm_x4_trans(b, v_base + kk * 16 * ROW + dp * 16 * EL);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    mma(acc[m][2 * dp], a[m], b, scalar_t());
-                    mma(acc[m][2 * dp + 1], a[m], b + 2, scalar_t());
-                }
-            }
-        }
+        for (int m = 0; m < MT; ++m) row_pos[m][0] = row_a + 16 * m, row_pos[m][1] = row_a + 16 * m + 8;
+        attend_tile<MT>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
+                        smem_addr(sV + stage * FWD_BN * LD), lane, kv0,
+                        kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len, row_pos, len, scale_log2);
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
     }
 
@@ -255,20 +291,95 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float sum = row_sum[m][r];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float sum = quad_total(row_sum[m][r]);
             const int row = row_a + 16 * m + 8 * r;
             if (row >= len) continue;
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            scalar_t* orow = o + ((long long)(start + row) * num_heads + h) * D;
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
-                    pack2(acc[m][nt][2 * r] * inv, acc[m][nt][2 * r + 1] * inv, scalar_t());
-            }
+            store_row(o + ((long long)(start + row) * num_heads + h) * D, acc[m], r, t, sum);
             if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[m][r] * scale_log2 + log2f(sum)) * LN2;
         }
+    }
+}
+
+// The FWD_BN-key tile starting at key0 of one kv head of a sequence's paged cache (physical block
+// table[j / block_size], row j % block_size for key j) into shared memory; keys >= len are zeros.
+__device__ __forceinline__ void load_paged_tile(scalar_t* dst, const scalar_t* cache, const int* table, int key0,
+                                                int len, int block_size, int num_kv_heads, int kvh, int lane) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    for (int c = lane; c < FWD_BN * CHUNKS; c += 32) {
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8, key = key0 + r;
+        const bool valid = key < len;
+        const long long phys = valid ? table[key / block_size] : 0;
+        const long long row = (phys * block_size + (valid ? key % block_size : 0)) * num_kv_heads + kvh;
+        cp_async16(dst + r * LD + col, cache + row * D + col, valid ? 16 : 0);
+    }
+}
+
+// Batch-invariant attention of query tokens against a paged KV cache: token t's output is bitwise the one
+// flash_attention_forward gives the same query in its packed sequence, whatever the other tokens of the batch.
+// One warp per (query token, kv head). The group's query heads are rows 0.. of an m16 tile (mma rows are
+// independent); the keys go through attend_tile in FWD_BN tiles from position 0, as in the forward (whose
+// extra tiles past a row's position leave it unchanged), so every row sees the same operations in the same
+// order. The keys are not split across CTAs: merging parts would sum in another order. Grid (K, T).
+// q (T, H, D) with token rows q_stride apart; caches (num_blocks, block_size, K, D); out (T, H, D) dense.
+extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
+    scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
+    const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+    const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
+    int max_blocks, int is_decode, long long q_stride, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+    scalar_t* sK = sQ + 16 * LD;          // 2 stages
+    scalar_t* sV = sK + 2 * FWD_BN * LD;  // 2 stages
+    const int kvh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, g = lane >> 2;
+    const int group = num_heads / num_kv_heads;
+    const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
+    const int pos = context_lens[s] - (cu_seqlens_q[s + 1] - t);  // the token's position in its sequence
+    const int len = pos + 1;                                       // keys it sees
+    const int* table = block_tables + (long long)s * max_blocks;
+
+    const scalar_t* qt = q + (long long)t * q_stride + (long long)kvh * group * D;
+    for (int c = lane; c < 16 * (D / 8); c += 32) {  // rows past the group are zeros
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        cp_async16(sQ + r * LD + col, qt + (r < group ? r * D : 0) + col, r < group ? 16 : 0);
+    }
+    load_paged_tile(sK, k_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
+    load_paged_tile(sV, v_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
+    cp_async_commit();
+
+    float acc[1][D / 8][4];
+    float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[0][i][0] = acc[0][i][1] = acc[0][i][2] = acc[0][i][3] = 0.0f;
+    const int row_pos[1][2] = {{pos, pos}};
+    unsigned q_regs[D / 16][4];
+    const unsigned q_base = smem_addr(sQ) + lane_offset_a(lane, LD);
+    const int num_tiles = (len + FWD_BN - 1) / FWD_BN;
+    for (int j = 0; j < num_tiles; ++j) {
+        const int stage = j & 1;
+        if (j + 1 < num_tiles) {
+            load_paged_tile(sK + (stage ^ 1) * FWD_BN * LD, k_cache, table, (j + 1) * FWD_BN, len, block_size,
+                            num_kv_heads, kvh, lane);
+            load_paged_tile(sV + (stage ^ 1) * FWD_BN * LD, v_cache, table, (j + 1) * FWD_BN, len, block_size,
+                            num_kv_heads, kvh, lane);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(q_regs[kk], q_base + kk * 16 * EL);
+        }
+        const int kv0 = j * FWD_BN;
+        attend_tile<1>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
+                       smem_addr(sV + stage * FWD_BN * LD), lane, kv0, kv0 + FWD_BN > len, row_pos, len,
+                       scale_log2);
+        __syncwarp();  // this stage is refilled by the next iteration's prefetch
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = quad_total(row_sum[0][r]);
+        const int head = g + 8 * r;  // this thread's row of the tile: a query head of the group, or padding
+        if (head < group) store_row(out + ((long long)t * num_heads + kvh * group + head) * D, acc[0], r, lane & 3, sum);
     }
 }
 
