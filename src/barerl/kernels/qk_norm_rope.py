@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from barerl.backend import ref
+from barerl.kernels import pdl
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import store_kv
 from barerl.kernels.launch import (
@@ -102,7 +103,8 @@ def _forward(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, 
     out = cupy.empty_like(qkv)
     norms = [contiguous(n.astype(qkv.dtype, copy=False)) if has_norm else None for n in (q_norm, k_norm)]
     if tokens:
-        kernel(
+        pdl.launch(
+            kernel,
             grid,
             block,
             (
