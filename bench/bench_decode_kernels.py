@@ -172,8 +172,9 @@ def main() -> None:
         rows.append((f"qk_norm_rope_store {tokens} tokens", fused, moved, ""))
         unfused = gpu_ms(rope_then_store, (rotate, cache, slots))
         rows.append((f"qk_norm_rope + store_kv {tokens} tokens", unfused, moved + 2 * k.nbytes, "2 kernels"))
-    for name, (t, top_k, top_p) in {"greedy": (0.0, 0, 1.0), "temperature 1": (1.0, 0, 1.0),
-                                    "top-k 50 + top-p 0.9": (1.0, 50, 0.9)}.items():
+    sample_modes = {"greedy": (0.0, 0, 1.0), "temperature 1": (1.0, 0, 1.0), "top-k 50": (1.0, 50, 1.0),
+                    "top-p 0.9": (1.0, 0, 0.9), "top-k 50 + top-p 0.9": (1.0, 50, 0.9)}
+    for name, (t, top_k, top_p) in sample_modes.items():
         for batch in (64, 256):
             case, nbytes = sample_case(rng, batch, t, top_k, top_p)
             rows.append((f"sample {batch} x {VOCAB} {name}", gpu_ms(cuda.sample, case), nbytes, ""))

@@ -2,9 +2,10 @@
 
 The reference runs on CuPy here, so both sides use CUDA's expf and IEEE division and the fixed-point
 masses agree exactly. Every truncation mode alone and mixed row by row, the Qwen3 vocabulary at the bench's
-batch sizes, vocabularies at and around the chunk size, ties (greedy and at the k-th value), peaked rows
-(most masses round to 0) and flat ones, banned tokens, a row's token independent of its batch, and
-reproducibility of a seeded draw.
+batch sizes, vocabularies at and around the chunk size, ties (greedy, at the k-th value, and top-k and top-p
+boundaries inside large groups of equal logits), top-k past the chunk size and up to V - 1, peaked rows (most
+masses round to 0) and flat ones, banned tokens, a row's token independent of its batch, reproducibility of a
+seeded draw, and replays of a CUDA graph captured once while the settings change.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ MODES = {  # mode -> per-row (temperature, top_k, top_p, min_p)
     "all": (0.9, 200, 0.8, 0.02),
     "top_k_1": (1.0, 1, 1.0, 0.0),
     "top_p_tiny": (1.0, 0, 1e-4, 0.0),
+    "top_p_near_1": (1.0, 0, 0.99999994, 0.0),  # the largest float32 below 1
+    "top_k_top_p": (1.0, 50, 0.9, 0.0),
+    "top_k_top_p_min_p": (0.9, 100, 0.95, 0.1),
+    "top_k_past_chunk": (1.1, 5000, 1.0, 0.0),  # above a chunk's 4096 tokens: every token a candidate
 }
 
 
@@ -76,6 +81,36 @@ def test_ties(draw):
     check(logits, settings(draw, 24, ["greedy", "top_k", "all", "top_p"]))
 
 
+def test_ties_at_the_thresholds(draw):
+    """Rows of two or three distinct logits: the k-th token and the top-p boundary fall inside groups of
+    thousands of equal logits (all of a group kept), and rows of one value only."""
+    import cupy
+
+    V = 70001
+    levels = np.array([[1.5, 2.0, 2.0], [0.0, 0.0, 0.0], [-1.0, 0.5, 3.0]], np.float32)[np.arange(9) % 3]
+    logits = cupy.asarray(levels[np.arange(9)[:, None], draw.rng.integers(0, 3, (9, V))])
+    table = [(1.0, 5, 1.0, 0.0), (1.0, 30000, 1.0, 0.0), (1.0, 0, 0.5, 0.0), (1.0, 0, 0.999, 0.0),
+             (1.0, 40000, 0.3, 0.0), (0.5, 3, 0.6, 0.2), (1.0, 1, 1.0, 0.0), (1.0, V - 1, 0.7, 0.0),
+             (2.0, 10, 0.9, 0.0)]
+    t, k, p, mp, seeds, counters = settings(draw, 9, ["temperature"])
+    for array, column in zip((t, k, p, mp), zip(*table)):
+        array[:] = cupy.asarray(np.array(column, dtype=array.dtype))
+    check(logits, (t, k, p, mp, seeds, counters))
+
+
+@pytest.mark.parametrize("vocab", [4097, 151936])
+def test_top_k_near_the_vocabulary(draw, vocab):
+    """top_k = V - 1 (the smallest token dropped), alone and under top-p and min-p; top_k = V is off."""
+    import cupy
+
+    logits = draw.normal((4, vocab), np.float32, 2.0)
+    t, k, p, mp, seeds, counters = settings(draw, 4, ["temperature"])
+    k[:] = cupy.asarray(np.array([vocab - 1, vocab - 1, vocab - 1, vocab], np.int32))
+    p[:] = cupy.asarray(np.array([1.0, 0.9, 0.95, 0.9], np.float32))
+    mp[:] = cupy.asarray(np.array([0.0, 0.0, 0.05, 0.0], np.float32))
+    check(logits, (t, k, p, mp, seeds, counters))
+
+
 def test_banned_tokens(draw):
     """Rows with -inf logits (how the engine bans tokens before min_tokens), one row all banned but one."""
     logits = draw.normal((6, 3000), np.float32, 2.0)
@@ -102,7 +137,7 @@ def test_chunk_boundaries(draw, vocab):
     check(logits, settings(draw, 16, list(MODES)))
 
 
-@pytest.mark.parametrize("rows", [64, 256])
+@pytest.mark.parametrize("rows", [1, 64, 256])
 def test_bench_shapes(draw, rows):
     """The decode bench's batches over the Qwen3 vocabulary, plain temperature 1 and all modes mixed."""
     logits = draw.normal((rows, 151936), np.float32, 3.0)
@@ -144,3 +179,34 @@ def test_numpy_reference_agrees_but_for_exp_ulps(draw):
     differ = int((tokens != host).sum())
     print(f"NumPy reference: {differ} of {tokens.size} tokens differ")
     assert differ == 0
+
+
+def test_cuda_graph_replays_follow_the_settings(draw):
+    """sample captured once in a CUDA graph (plain temperature rows), then replayed with other settings written
+    into the same device arrays, twice in a row with the same ones: the reference's tokens every time (every
+    launch's shape depends only on (B, V), and the select scratch is zeroed inside the graph)."""
+    import cupy
+
+    from barerl.backend import cuda
+
+    logits = draw.normal((16, 20000), np.float32, 2.0)
+    args = settings(draw, 16, ["temperature"])
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        cuda.sample(logits, *args)  # compiles, and warms this stream's memory pool for the capture
+        stream.synchronize()
+        stream.begin_capture()
+        tokens, logprobs = cuda.sample(logits, *args)
+        graph = stream.end_capture()
+    plain, mixed = settings(draw, 16, ["temperature"]), settings(draw, 16, list(MODES))
+    for values in (plain, mixed, mixed):
+        for array, value in zip(args, values):
+            array[...] = value
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        want_tokens, want_logprobs = ref.sample(logits, *args)
+        np.testing.assert_array_equal(cupy.asnumpy(tokens), cupy.asnumpy(want_tokens))
+        err = np.abs(cupy.asnumpy(logprobs).astype(np.float64) - cupy.asnumpy(want_logprobs))
+        assert err.max() < LOGPROB_ATOL

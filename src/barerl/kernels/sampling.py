@@ -10,10 +10,12 @@ Design decisions:
   operations. The log-probs differ only in the summation order of the fp32 sum of p.
 - Split over many CTAs per row (CHUNK tokens each) so that a batch of 64 rows still fills the GPU: a pass
   for the row maximum, a pass for each chunk's masses, and a finalize per row that rescans only the chunk
-  holding the target. Truncation thresholds come first from a radix select per row (no sort), which
-  returns at once for rows without truncation.
-- Every per-row setting is a device array and every launch's shape depends only on (B, V): the four
-  launches can be captured in a CUDA graph.
+  holding the target. Truncation thresholds come from radix selects (no sort) in between: C CTAs per row
+  add shared-memory histograms to the row's, its last CTA picks the digit; top-k reads the row only in the
+  maximum pass (each chunk keeps its own top-k candidates), top-p alone twice more. Rows without top-k or
+  top-p return at once.
+- Every per-row setting is a device array and every launch's shape depends only on (B, V): the memset of
+  the select scratch and the five launches can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import numpy as np
 from barerl.kernels.build import load_kernel
 from barerl.kernels.launch import require
 
-_CHUNK = 4096  # must equal CHUNK in sampling.cu
-# must equal SELECT_THREADS / CHUNK_THREADS / FINAL_THREADS in sampling.cu
-_SELECT_THREADS, _CHUNK_THREADS, _FINAL_THREADS = 512, 256, 256
+_CHUNK, _BINS = 4096, 2048  # must equal CHUNK and BINS in sampling.cu
+_CHUNK_THREADS, _FINAL_THREADS = 256, 256  # must equal CHUNK_THREADS / FINAL_THREADS in sampling.cu
+_ROW_SELECT_WORDS = 3  # sizeof(RowSelect) / 8 in sampling.cu
+# CTAs of a select pass over the whole batch: about one resident wave on an H200 (132 SMs x 4 CTAs of 61
+# registers), since most of them return at once, while a pass over whole rows (top-p alone) keeps ~4 per SM
+_SELECT_CTAS = 512
 _MAX_VOCAB = 2**21  # fixed-point masses of 2^42 each sum exactly in u64 (and in the top-p histograms)
 
 
@@ -50,15 +55,24 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
     part_max, part_sum = (cupy.empty((B, chunks), np.float32) for _ in range(2))
     part_index = cupy.empty((B, chunks), np.int32)
     part_mass = cupy.empty((B, chunks), np.uint64)
+    cand = cupy.empty((B, V), np.uint32)  # per-row candidate keys of the selects
+    # the selects' row histograms (B, BINS), then their RowSelect states: zero, as the kernels expect
+    select = cupy.zeros(B * (_BINS + _ROW_SELECT_WORDS), np.uint64)
+    row_hists, rows = select[: B * _BINS], select[B * _BINS :]
     tokens = cupy.empty(B, np.int32)
     logprobs = cupy.empty(B, np.float32)
     if B == 0:
         return tokens, logprobs
     vocab = np.int32(V)
-    load_kernel("sampling.cu", "sample_thresholds")(
-        (B,), (_SELECT_THREADS,), (logits, temperature, top_k, top_p, min_p, thr, vocab))
     load_kernel("sampling.cu", "sample_chunk_max")(
-        (chunks, B), (_CHUNK_THREADS,), (logits, part_max, part_index, vocab))
+        (chunks, B), (_CHUNK_THREADS,),
+        (logits, temperature, top_k, top_p, part_max, part_index, cand, row_hists, rows, thr, vocab))
+    select_ctas = min(chunks, -(-_SELECT_CTAS // B))  # per row
+    for select_pass in (1, 2):
+        load_kernel("sampling.cu", "sample_select")(
+            (select_ctas, B), (_CHUNK_THREADS,),
+            (logits, temperature, top_k, top_p, part_max, cand, row_hists, rows, thr, vocab, np.int32(chunks),
+             np.int32(select_pass)))
     load_kernel("sampling.cu", "sample_chunk_mass")(
         (chunks, B), (_CHUNK_THREADS,),
         (logits, temperature, min_p, thr, part_max, part_mass, part_sum, vocab))

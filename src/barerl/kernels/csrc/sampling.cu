@@ -19,177 +19,98 @@
 // (top-k >= 1, top_p > 0, min_p <= 1), so total >= 2^42, except in a row without a finite maximum (all
 // -inf): total 0, token 0, logprob NaN. Sums stay below 2^64 for V < 2^21 (the launcher checks).
 //
-// Four launches (graph-capturable: every shape depends only on (B, V), no host sync):
-// 1. sample_thresholds, grid (B,), 512 threads. Rows with T != 0 and a truncation compute z_max and the
-//    smallest kept key `thr` (keys: order-preserving uint32 images of z) by radix select over the row, one
-//    8-bit digit per pass, never sorting: top-k counts tokens per bin; top-p sums exp(z - z_max) per bin in
-//    64-bit fixed point (deterministic, no float atomics) over the top-k set, and finds the largest key whose
-//    tokens at or above it carry >= top_p of that mass, which is the reference's "mass of the strictly more
-//    probable tokens < top_p" with boundary ties kept. Other rows (greedy ones too) write thr = 0 (keep
-//    all). min-p is not a threshold here: the mass passes test the reference's own predicate p_v >= min_p.
-// 2. sample_chunk_max, grid (C, B), 256 threads: chunk c of row b (CHUNK tokens): the max raw logit and its
+// Truncation threshold thr: the smallest kept key (keys: order-preserving uint32 images of z); 0, keep all,
+// in rows with T = 0 or neither top-k nor top-p. top-k: thr_k = the k-th largest key. top-p over the top-k
+// set: w_v = floor(expf(z_v - m) * 2^42) for keys >= thr_k, W = sum, target = max(ceil(top_p * W), 1) in
+// double, thr = the largest key K with sum(w, keys >= K) >= target (0 if W = 0): the reference's top-p set
+// in its own fixed point (the most probable tokens down to the first whose running mass reaches the target,
+// ties kept). min-p is no threshold: the mass passes test the reference's own p_v >= min_p. Both are radix selects over digits of 11, 11 and 10 key bits: a digit is
+// the bin where the histogram's running total from the top first reaches the target, which then loses the
+// bins above. Why this layout: one CTA per row ran every digit over the whole row (1.2 ms for 64 rows on 64
+// SMs). Here C CTAs per row add shared-memory histograms to the row's global one and the last to finish (an
+// arrival count) picks the digit, so digits need no launches of their own; rows are read whole only where
+// nothing smaller holds the answer, and each select's last digit, left with few tokens, is one CTA's sweep
+// over the row's candidate list (keys). Top-k reads the row once, in sample_chunk_max: a chunk holds k tokens
+// from its own k-th largest first digit b_c up, so the row's digit is >= every b_c and only the chunk's
+// tokens from b_c up (~k, plus a bin) join the candidates and the row's histogram. Top-p alone reads the row
+// twice more (its first digit needs m, its second the first). Shared-memory masses are two u32 words, the
+// low one's carry counted by the atomic that wraps it (a u64 shared atomic is a CAS loop); sums in any order
+// are exact, so thr has the same bits as the former one-CTA select's, whatever the order of the CTAs.
+//
+// Five launches after the launcher's memset of the select scratch (graph-capturable: every shape depends
+// only on (B, V), no host sync, per-row settings read on the device):
+// 1. sample_chunk_max, grid (C, B), 256 threads: chunk c of row b (CHUNK tokens): the max raw logit and its
 //    lowest index. max(logits) / T is the row's max z (division by T > 0 is monotone, rounding included),
-//    which is also the max over the kept set; greedy rows take the index as their token.
-// 3. sample_chunk_mass, grid (C, B), 256 threads: m from the row's C chunk maxima, then over the chunk's
+//    which is also the max over the kept set; greedy rows take the index as their token. Top-k rows: the
+//    first count digit; rows that do not select: thr = 0.
+// 2, 3. sample_select passes 1 and 2, grid (G, B), 256 threads, G <= C set by the launcher so that the
+//    whole grid is about one wave (most of its CTAs return at once: rows with nothing to do, and all but
+//    ceil(candidates / CHUNK) of a top-k row's); CTA c takes chunks, or CHUNK candidates, c, c + G, ... Pass 1: top-k's second digit, then the last
+//    CTA sweeps its third (thr_k; thr without top-p) and top-p's first over the top-k set; top-p alone: its
+//    first digit over the whole row. Pass 2, top-p: the second digit (over the candidates, or the whole row,
+//    whose tokens inside the first digit become the candidates), then the last CTA sweeps the third: thr.
+// 4. sample_chunk_mass, grid (C, B), 256 threads: m from the row's C chunk maxima, then over the chunk's
 //    kept tokens the u64 sum of mass_v and the fp32 sum of p_v. Greedy rows run with T = 1 and keep all,
 //    which gives log_softmax's sum.
-// 4. sample_finalize, grid (B,), 256 threads. Warp 0 merges the row's chunk partials (greedy token, sum of
+// 5. sample_finalize, grid (B,), 256 threads. Warp 0 merges the row's chunk partials (greedy token, sum of
 //    p, total mass), draws the target (__umul64hi) and finds the chunk whose mass range holds it. The CTA
 //    then recomputes that one chunk's masses, 16 consecutive tokens per thread; an exclusive block scan of the
 //    per-thread sums finds the one thread whose range holds the rest of the target, and it walks its tokens
 //    to the first whose running mass exceeds it and writes the token and log-prob.
-// Shapes:  logits (B, V) fp32 dense; temperature, top_p, min_p (B,) fp32; top_k (B,) int32 (<= 0, >= V: off);
-//          seeds (B,) uint64; counters (B,) int64; thr (B,) uint32 scratch; part_max, part_sum (B, C) fp32,
-//          part_index (B, C) int32 and part_mass (B, C) uint64 scratch, C = ceil(V / CHUNK), every entry
-//          written before it is read; tokens (B,) int32; logprobs (B,) fp32.
+// Shapes:  logits (B, V) fp32 dense; temperature (>= 0), top_p, min_p (B,) fp32; top_k (B,) int32 (<= 0,
+//          >= V: off); seeds (B,) uint64; counters (B,) int64; thr (B,) uint32; part_max, part_sum (B, C)
+//          fp32, part_index (B, C) int32 and part_mass (B, C) uint64 scratch, C = ceil(V / CHUNK), every
+//          entry written before it is read; candidate lists cand (B, V) uint32 scratch (keys, at most V a
+//          row); row_hists (B, BINS) uint64 and rows (B,) RowSelect scratch, zeroed by the caller (the
+//          kernels leave row_hists zeroed again); tokens (B,) int32; logprobs (B,) fp32.
 #include "common.cuh"
 
-constexpr int SELECT_THREADS = 512;
-constexpr int SELECT_WARPS = SELECT_THREADS / 32;
-constexpr int CHUNK_THREADS = 256;                 // sample_chunk_max / sample_chunk_mass
+constexpr int CHUNK_THREADS = 256;                 // sample_chunk_max / sample_select / sample_chunk_mass
 constexpr int CHUNK = 4096;                        // tokens per chunk CTA
+constexpr int CHUNK_PER_THREAD = CHUNK / CHUNK_THREADS;
 constexpr int FINAL_THREADS = 256;
 constexpr int PER_THREAD = CHUNK / FINAL_THREADS;  // consecutive tokens per sample_finalize thread
 constexpr double MASS_SCALE = 4398046511104.0;     // 2^42: fixed-point mass, exact sums for V < 2^21
-constexpr u64 HALF_MASK = (1ull << 21) - 1;
+constexpr int BINS = 2048;                         // radix digits of 11, 11 and 10 key bits, highest first
+constexpr int BINS_PER_THREAD = BINS / CHUNK_THREADS;
+
+// A row's select between launches; all zero (the launcher's memset) is "nothing chosen, no candidates".
+struct RowSelect {
+    u64 target;                   // weight still to reach inside prefix: tokens, or fixed-point mass
+    unsigned int prefix;          // the digits the current select has chosen
+    unsigned int floor_key;       // top-p's lowest key: the top-k threshold (0 without top-k)
+    unsigned int num_candidates;  // keys in the row's candidate list
+    unsigned int arrived;         // the row's CTAs done with the current launch
+};
+static_assert(sizeof(RowSelect) == 24, "the launcher allocates 3 u64 per row");
 
 __device__ __forceinline__ unsigned int order_key(float z) {
     const unsigned int bits = __float_as_uint(z == 0.0f ? 0.0f : z);  // -0 and +0 compare equal: one key
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-__device__ __forceinline__ bool truncates(int top_k, float top_p, float min_p, int vocab) {
-    return (top_k > 0 && top_k < vocab) || top_p < 1.0f || min_p > 0.0f;
+// z from its key, exactly (-0 comes back as +0, which gives the same expf(z - m)).
+__device__ __forceinline__ float key_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
 }
 
-// Shared-memory histogram scan by warp 0: the bin b (255 = highest keys) where the running total from the
-// top first reaches `target`; `*above` gets the total of the bins above b. Called by all threads.
-__device__ __forceinline__ int select_bin(const u64* hist, u64 target, u64* above) {
-    __shared__ int chosen;
-    __shared__ u64 chosen_above;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        u64 local = 0;
-        for (int i = 0; i < 8; ++i) local += hist[255 - lane * 8 - i];
-        u64 inclusive = local;
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 other = __shfl_up_sync(0xffffffffu, inclusive, o);
-            if (lane >= o) inclusive += other;
-        }
-        const unsigned int hit = __ballot_sync(0xffffffffu, inclusive >= target);
-        const int first = hit ? __ffs(hit) - 1 : 31;  // target over the total (rounding): lowest bin
-        if (lane == first) {
-            u64 run = inclusive - local;
-            int bin = 255 - lane * 8 - 7;
-            for (int i = 0; i < 8; ++i) {
-                const int b = 255 - lane * 8 - i;
-                if (run + hist[b] >= target) { bin = b; break; }
-                run += hist[b];
-            }
-            chosen = bin;
-            chosen_above = run;
-        }
-    }
-    __syncthreads();
-    *above = chosen_above;
-    return chosen;
+__device__ __forceinline__ bool has_top_k(int top_k, int vocab) { return top_k > 0 && top_k < vocab; }
+
+// The threshold's weight floor(expf(z - m) * 2^42): it truncates where the token's mass rounds, as the former
+// (u64)((double)p * 2^42) did; the same number, since p * 2^42 is exact in fp32. NaN weighs 0.
+__device__ __forceinline__ u64 select_weight(float z, float m) {
+    return __float2ull_rz(expf(z - m) * (float)MASS_SCALE);
 }
 
-// Radix select over the row's keys >= floor_key: the largest key K with weight(keys >= K) >= target, where a
-// token weighs 1 (BY_MASS false) or its fixed-point exp(z - z_max). Each warp fills a private histogram;
-// lanes of a warp that hit the same bin are summed by warp reductions first (fp32 exponents cluster into a
-// few bins, and contended shared-memory atomics, 64-bit ones above all, would serialise the pass). The
-// 42-bit weights are reduced as two 21-bit halves, so 32 lanes never overflow 32 bits.
-template <bool BY_MASS>
-__device__ unsigned int radix_select(const float* row, int vocab, float t, float z_max,
-                                     unsigned int floor_key, u64 target, u64 (*hist)[256], u64* merged) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    unsigned int prefix = 0, mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = lane; i < 256; i += 32) hist[warp][i] = 0;
-        for (int v0 = warp * 32; v0 < vocab; v0 += SELECT_THREADS) {  // whole warps iterate together
-            const int v = v0 + lane;
-            unsigned int bin = 0;
-            u64 w = 0;
-            bool in = false;
-            if (v < vocab) {
-                const float z = row[v] / t;
-                const unsigned int key = order_key(z);
-                in = key >= floor_key && (key & mask) == prefix;
-                bin = (key >> shift) & 255u;
-                w = BY_MASS ? (u64)((double)expf(z - z_max) * MASS_SCALE) : 1ull;
-            }
-            unsigned int pending = __ballot_sync(0xffffffffu, in);
-            while (pending) {
-                const int leader = __ffs(pending) - 1;
-                const unsigned int leader_bin = __shfl_sync(0xffffffffu, bin, leader);
-                const bool same = in && bin == leader_bin;
-                const unsigned int members = __ballot_sync(0xffffffffu, same);
-                const unsigned int lo_w = same ? (unsigned int)(w & HALF_MASK) : 0u;
-                const unsigned int hi_w = same ? (unsigned int)(w >> 21) : 0u;
-                const unsigned int lo = __reduce_add_sync(0xffffffffu, lo_w);
-                const unsigned int hi = BY_MASS ? __reduce_add_sync(0xffffffffu, hi_w) : 0u;
-                if (lane == leader) hist[warp][leader_bin] += ((u64)hi << 21) + lo;
-                pending &= ~members;
-            }
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < 256; i += SELECT_THREADS) {
-            u64 sum = 0;
-            for (int w = 0; w < SELECT_WARPS; ++w) sum += hist[w][i];
-            merged[i] = sum;
-        }
-        __syncthreads();
-        u64 above;
-        const int bin = select_bin(merged, target, &above);
-        target -= above;
-        prefix |= (unsigned int)bin << shift;
-        mask |= 255u << shift;
-        __syncthreads();  // merged is rewritten by the next digit
-    }
-    return prefix;
+// ceil(top_p * total) in double, at least 1: the former kernel's target, bit for bit.
+__device__ __forceinline__ u64 top_p_target(float top_p, u64 total) {
+    return (u64)fmax(ceil((double)top_p * (double)total), 1.0);
 }
 
 __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-extern "C" __global__ void __launch_bounds__(SELECT_THREADS) sample_thresholds(
-        const float* __restrict__ logits, const float* __restrict__ temperature,
-        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
-        unsigned int* __restrict__ thr, int vocab) {
-    __shared__ u64 hist[SELECT_WARPS][256], merged[256], total;
-    const int b = blockIdx.x;
-    const float t = temperature[b];
-    const int k = top_k[b];
-    const float p = top_p[b];
-    if (t == 0.0f || !truncates(k, p, min_p[b], vocab)) {
-        if (threadIdx.x == 0) thr[b] = 0u;
-        return;
-    }
-    const float* row = logits + (long long)b * vocab;
-    float m = NEG_INF;
-    for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) m = fmaxf(m, row[v] / t);
-    m = block_max(m);
-    unsigned int key = 0;
-    if (k > 0 && k < vocab) key = radix_select<false>(row, vocab, t, m, 0u, (u64)k, hist, merged);
-    if (p < 1.0f) {
-        u64 local = 0;
-        for (int v = threadIdx.x; v < vocab; v += SELECT_THREADS) {
-            const float z = row[v] / t;
-            if (order_key(z) >= key) local += (u64)((double)expf(z - m) * MASS_SCALE);
-        }
-        if (threadIdx.x == 0) total = 0;
-        __syncthreads();
-        local = warp_sum_u64(local);
-        if (threadIdx.x % 32 == 0) atomicAdd(&total, local);
-        __syncthreads();
-        const double target = ceil((double)p * (double)total);
-        key = radix_select<true>(row, vocab, t, m, key, (u64)fmax(target, 1.0), hist, merged);
-    }
-    if (threadIdx.x == 0) thr[b] = key;
 }
 
 __device__ __forceinline__ u64 warp_inclusive_sum_u64(u64 v) {
@@ -202,28 +123,225 @@ __device__ __forceinline__ u64 warp_inclusive_sum_u64(u64 v) {
     return v;
 }
 
-// Sum over the block, valid in thread 0; all threads call it.
-__device__ __forceinline__ u64 block_sum_u64(u64 v) {
-    __shared__ u64 partial[32];
-    const int warp = threadIdx.x / 32;
-    v = warp_sum_u64(v);
-    if (threadIdx.x % 32 == 0) partial[warp] = v;
-    __syncthreads();
-    if (threadIdx.x == 0)
-        for (int w = 1; w < (int)blockDim.x / 32; ++w) v += partial[w];
-    return v;
-}
-
-// Sum of v over the threads before this one (sample_finalize's block); all threads call it.
-__device__ __forceinline__ u64 block_exclusive_sum_u64(u64 v) {
-    __shared__ u64 warp_total[FINAL_THREADS / 32];
+// Sum of v over the threads before this one; *total gets the block's sum. All threads call it.
+__device__ __forceinline__ u64 block_scan_u64(u64 v, u64* total) {
+    __shared__ u64 warp_total[32];
     const int warp = threadIdx.x / 32;
     const u64 inclusive = warp_inclusive_sum_u64(v);
+    __syncthreads();  // warp_total may still be read by a previous call
     if (threadIdx.x % 32 == 31) warp_total[warp] = inclusive;
     __syncthreads();
-    u64 before = inclusive - v;
-    for (int w = 0; w < warp; ++w) before += warp_total[w];
+    u64 before = inclusive - v, all = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; ++w) {
+        if (w < warp) before += warp_total[w];
+        all += warp_total[w];
+    }
+    *total = all;
     return before;
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Radix select. A CTA of CHUNK_THREADS gathers a digit's histogram in shared memory, thread i then holds the
+// bins BINS-1-8i .. BINS-8-8i (highest first) in registers: owned_bin(j).
+
+struct BlockHist {
+    unsigned int lo[BINS], hi[BINS];  // bin weight = hi * 2^32 + lo
+};
+
+// Which tokens a pass weighs: key >= floor_key with the bits under mask (those above the digit) = prefix.
+struct Filter {
+    unsigned int floor_key, prefix, mask;
+    int shift;     // the digit of a key: (key & ~mask) >> shift
+    bool by_mass;  // weigh by select_weight (else count)
+    float m;       // the row's max z
+};
+
+__device__ __forceinline__ Filter digit_filter(int digit, unsigned int prefix, unsigned int floor_key,
+                                               bool by_mass, float m) {
+    const int shift = digit == 0 ? 21 : digit == 1 ? 10 : 0;
+    const unsigned int mask = digit == 0 ? 0u : 0xffffffffu << (digit == 1 ? 21 : 10);
+    return {floor_key, prefix, mask, shift, by_mass, m};
+}
+
+__device__ __forceinline__ bool inside(const Filter& f, unsigned int key) {
+    return key >= f.floor_key && (key & f.mask) == f.prefix;
+}
+
+__device__ __forceinline__ int owned_bin(int j) { return BINS - 1 - BINS_PER_THREAD * threadIdx.x - j; }
+
+__device__ __forceinline__ void zero_hist(BlockHist& h) {
+    for (int i = threadIdx.x; i < BINS; i += CHUNK_THREADS) h.lo[i] = h.hi[i] = 0u;
+    __syncthreads();
+}
+
+// Adds key's weight to its bin. The low word's atomicAdd returns the old value, so each wrap past 2^32 is seen
+// by exactly one thread, which carries it to the high word: the sum is exact (the high word stays below
+// V * 2^42 / 2^32 < 2^31).
+__device__ __forceinline__ void hist_add(BlockHist& h, const Filter& f, unsigned int key) {
+    const int bin = (key & ~f.mask) >> f.shift;
+    const u64 w = f.by_mass ? select_weight(key_value(key), f.m) : 1ull;
+    const unsigned int lo = (unsigned int)w, old = atomicAdd(&h.lo[bin], lo);
+    const unsigned int up = (unsigned int)(w >> 32) + (old + lo < old ? 1u : 0u);
+    if (up) atomicAdd(&h.hi[bin], up);
+}
+
+__device__ __forceinline__ void shared_bins(const BlockHist& h, u64 (&vals)[BINS_PER_THREAD]) {
+#pragma unroll
+    for (int j = 0; j < BINS_PER_THREAD; ++j) {
+        const int bin = owned_bin(j);
+        vals[j] = ((u64)h.hi[bin] << 32) + h.lo[bin];
+    }
+}
+
+// The row's histogram (global), zeroed behind for the next launch: the row's last CTA only.
+__device__ __forceinline__ void take_row_bins(u64* row_hist, u64 (&vals)[BINS_PER_THREAD]) {
+#pragma unroll
+    for (int j = 0; j < BINS_PER_THREAD; ++j) {
+        const int bin = owned_bin(j);
+        vals[j] = __ldcg(row_hist + bin);
+        row_hist[bin] = 0ull;
+    }
+}
+
+__device__ __forceinline__ u64 block_total(const u64 (&vals)[BINS_PER_THREAD]) {
+    u64 local = 0, total;
+    for (int j = 0; j < BINS_PER_THREAD; ++j) local += vals[j];
+    block_scan_u64(local, &total);
+    return total;
+}
+
+// The bin where the running total from the highest bin first reaches target (>= 1); *above = the total of
+// the bins above it, < target, so the next digit's target stays >= 1. A target over the total (top-p in a
+// row whose weights are all 0) gives bin 0 and the total, as the former select did. All threads call it.
+__device__ int block_select(const u64 (&vals)[BINS_PER_THREAD], u64 target, u64* above) {
+    __shared__ int chosen;
+    __shared__ u64 chosen_above;
+    u64 local = 0, total;
+    for (int j = 0; j < BINS_PER_THREAD; ++j) local += vals[j];
+    const u64 before = block_scan_u64(local, &total);
+    // exactly one thread: the first whose bins reach the target, or the last one (bin 0) if none does
+    if (before < target && (before + local >= target || threadIdx.x == CHUNK_THREADS - 1)) {
+        u64 run = before;
+        int bin = owned_bin(BINS_PER_THREAD - 1);
+        for (int j = 0; j < BINS_PER_THREAD; ++j) {
+            if (run + vals[j] >= target) {
+                bin = owned_bin(j);
+                break;
+            }
+            run += vals[j];
+        }
+        chosen = bin;
+        chosen_above = run;
+    }
+    __syncthreads();
+    *above = chosen_above;
+    return chosen;
+}
+
+__device__ __forceinline__ void flush_hist(const BlockHist& h, u64* row_hist) {
+    for (int i = threadIdx.x; i < BINS; i += CHUNK_THREADS) {
+        const u64 w = ((u64)h.hi[i] << 32) + h.lo[i];
+        if (w) atomicAdd(row_hist + i, w);
+    }
+}
+
+// True in the row's last CTA to get here in this launch, which then sees every other CTA's histogram adds
+// and candidate writes (each thread fences its own before the count), and resets the count.
+__device__ bool last_to_arrive(unsigned int* arrived, int num_ctas) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(arrived, 1u) == (unsigned int)num_ctas - 1;
+        if (last) *arrived = 0u;
+        __threadfence();
+    }
+    __syncthreads();
+    return last;
+}
+
+// Appends the keys of this thread's tokens first + i * CHUNK_THREADS flagged in bit i of `take` to the row's
+// candidate list (x / t again: cheaper than holding 16 keys in registers across the scan). The order across
+// CTAs is arbitrary: every use of the list is a histogram. All threads call it.
+__device__ void append_candidates(const float* row, int first, float t, unsigned int take, unsigned int* cand,
+                                  unsigned int* num_candidates) {
+    __shared__ unsigned int base;
+    u64 total;
+    unsigned int at = (unsigned int)block_scan_u64(__popc(take), &total);
+    if (threadIdx.x == 0 && total) base = atomicAdd(num_candidates, (unsigned int)total);
+    __syncthreads();
+    at += base;
+    for (; take; take &= take - 1) cand[at++] = order_key(row[first + (__ffs(take) - 1) * CHUNK_THREADS] / t);
+}
+
+// Histogram of the chunk's tokens first + i * CHUNK_THREADS (< end) inside f, keys of x / t; with append,
+// their keys join the candidate list.
+__device__ void hist_logits(BlockHist& h, const float* row, int first, int end, float t, const Filter& f,
+                            bool append, unsigned int* cand, unsigned int* num_candidates) {
+    unsigned int take = 0;
+#pragma unroll 4
+    for (int i = 0; i < CHUNK_PER_THREAD; ++i) {
+        const int v = first + i * CHUNK_THREADS;
+        const unsigned int key = v < end ? order_key(row[v] / t) : 0u;
+        if (v < end && inside(f, key)) {
+            take |= 1u << i;
+            hist_add(h, f, key);
+        }
+    }
+    if (append) append_candidates(row, first, t, take, cand, num_candidates);
+}
+
+// Histogram of the candidates cand[lo, hi) inside f; CHUNK keys per round, loaded before they are counted.
+__device__ void hist_candidates(BlockHist& h, const unsigned int* cand, unsigned int lo, unsigned int hi,
+                                const Filter& f) {
+    for (unsigned int i0 = lo; i0 < hi; i0 += CHUNK) {
+        unsigned int keys[CHUNK_PER_THREAD];
+#pragma unroll
+        for (int i = 0; i < CHUNK_PER_THREAD; ++i) {
+            const unsigned int at = i0 + threadIdx.x + i * CHUNK_THREADS;
+            keys[i] = at < hi ? __ldcg(cand + at) : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < CHUNK_PER_THREAD; ++i)
+            if (i0 + threadIdx.x + i * CHUNK_THREADS < hi && inside(f, keys[i])) hist_add(h, f, keys[i]);
+    }
+}
+
+// This CTA alone: the histogram of all n candidates inside f, into vals.
+__device__ void sweep_candidates(BlockHist& h, const unsigned int* cand, unsigned int n, const Filter& f,
+                                 u64 (&vals)[BINS_PER_THREAD]) {
+    zero_hist(h);
+    hist_candidates(h, cand, 0u, n, f);
+    __syncthreads();
+    shared_bins(h, vals);
+}
+
+// Top-k's first digit, for a row with T != 0 and top-k, in sample_chunk_max (which has just read the chunk,
+// so x / t is recomputed from L1 rather than held in registers through the scans).
+__device__ void first_count_digit(const float* row, int first, int end, float t, int k, unsigned int* cand,
+                                  u64* row_hist, RowSelect* row_select) {
+    __shared__ BlockHist h;
+    const Filter all = digit_filter(0, 0u, 0u, false, 0.0f);
+    zero_hist(h);
+    for (int v = first; v < end; v += CHUNK_THREADS) hist_add(h, all, order_key(row[v] / t));
+    __syncthreads();
+    u64 vals[BINS_PER_THREAD], above;
+    shared_bins(h, vals);
+    const int low_bin = block_select(vals, (u64)k, &above);  // the chunk's k-th digit; bin 0 under k tokens
+#pragma unroll
+    for (int j = 0; j < BINS_PER_THREAD; ++j)
+        if (owned_bin(j) >= low_bin && vals[j]) atomicAdd(row_hist + owned_bin(j), vals[j]);
+    unsigned int take = 0;
+    for (int i = 0; first + i * CHUNK_THREADS < end; ++i)
+        if ((int)(order_key(row[first + i * CHUNK_THREADS] / t) >> 21) >= low_bin) take |= 1u << i;
+    append_candidates(row, first, t, take, cand, &row_select->num_candidates);
+    if (!last_to_arrive(&row_select->arrived, gridDim.x)) return;
+    take_row_bins(row_hist, vals);
+    const int bin = block_select(vals, (u64)k, &above);
+    if (threadIdx.x == 0) {
+        row_select->prefix = (unsigned int)bin << 21;
+        row_select->target = (u64)k - above;
+    }
 }
 
 struct Candidate {
@@ -243,8 +361,16 @@ __device__ __forceinline__ Candidate warp_best(Candidate best) {
     return best;
 }
 
+// The row's max logit from its C chunk maxima, merged by every CTA that needs it (C^2 small reads per row)
+// instead of a launch. All threads call it.
+__device__ __forceinline__ float merged_max_logit(const float* row_part_max, int num_chunks) {
+    float max_logit = NEG_INF;
+    for (int i = threadIdx.x; i < num_chunks; i += CHUNK_THREADS) max_logit = fmaxf(max_logit, row_part_max[i]);
+    return block_max(max_logit);
+}
+
 // What the mass passes need of row b. Greedy rows run with T = 1 (x / 1 = x exactly) and no min-p, so their
-// sum of p is log_softmax's; sample_thresholds gave them thr = 0 already.
+// sum of p is log_softmax's; sample_chunk_max gave them thr = 0 already.
 struct RowSetup {
     float t, min_p, m;  // m = max z = max(logits) / t
     unsigned int floor_key;
@@ -274,15 +400,18 @@ __device__ __forceinline__ float kept_mass(float x, const RowSetup& r, u64& mass
     return kept ? p : 0.0f;
 }
 
-extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_max(
-        const float* __restrict__ logits, float* __restrict__ part_max, int* __restrict__ part_index,
-        int vocab) {
+// 8 CTAs per SM (32 registers) as before the select moved in: this is the pass that reads every row.
+extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 8) sample_chunk_max(
+        const float* __restrict__ logits, const float* __restrict__ temperature,
+        const int* __restrict__ top_k, const float* __restrict__ top_p, float* __restrict__ part_max,
+        int* __restrict__ part_index, unsigned int* __restrict__ cand, u64* __restrict__ row_hists,
+        RowSelect* __restrict__ rows, unsigned int* __restrict__ thr, int vocab) {
     const int c = blockIdx.x, b = blockIdx.y;
     const float* row = logits + (long long)b * vocab;
+    const int first = c * CHUNK + threadIdx.x, end = min(vocab, (c + 1) * CHUNK);
     // better() sends a tie with the initial -inf to the token, so a row of -inf only still gets index 0
     Candidate best = {NEG_INF, 0x7fffffff};
-    const int end = min(vocab, (c + 1) * CHUNK);
-    for (int v = c * CHUNK + threadIdx.x; v < end; v += CHUNK_THREADS) best = better(best, {row[v], v});
+    for (int v = first; v < end; v += CHUNK_THREADS) best = better(best, {row[v], v});
     __shared__ float scores[CHUNK_THREADS / 32];
     __shared__ int indices[CHUNK_THREADS / 32];
     best = warp_best(best);
@@ -297,6 +426,81 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_max(
         part_max[out] = best.score;
         part_index[out] = best.index;
     }
+    const float t = temperature[b];
+    const int k = top_k[b];
+    if (t == 0.0f || !(has_top_k(k, vocab) || top_p[b] < 1.0f)) {  // no select: keep all
+        if (c == 0 && threadIdx.x == 0) thr[b] = 0u;
+        return;
+    }
+    if (has_top_k(k, vocab))  // block-uniform
+        first_count_digit(row, first, end, t, k, cand + (long long)b * vocab, row_hists + (long long)b * BINS,
+                          rows + b);
+}
+
+// pass 1 or 2 of the launch list in the header, for the rows that have one.
+extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_select(
+        const float* __restrict__ logits, const float* __restrict__ temperature,
+        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ part_max,
+        unsigned int* __restrict__ cand, u64* __restrict__ row_hists, RowSelect* __restrict__ rows,
+        unsigned int* __restrict__ thr, int vocab, int num_chunks, int pass) {
+    __shared__ BlockHist h;
+    const int c = blockIdx.x, b = blockIdx.y, stride = gridDim.x;  // CTA c takes units c, c + stride, ...
+    const float t = temperature[b], p = top_p[b];
+    const bool has_k = has_top_k(top_k[b], vocab), has_p = p < 1.0f;
+    if (t == 0.0f || !(pass == 1 ? has_k || has_p : has_p)) return;  // block-uniform
+    RowSelect* row = rows + b;
+    // a unit: CHUNK of a top-k row's candidates (>= 1: every chunk adds some), else a chunk of the row; CTAs
+    // without a unit leave at once and the arrival count waits for the others only
+    const unsigned int n = has_k ? row->num_candidates : 0u;
+    const int num_units = has_k ? (int)((n + CHUNK - 1) / CHUNK) : num_chunks;
+    const int num_ctas = min(stride, num_units);
+    if (c >= num_ctas) return;
+    u64* row_hist = row_hists + (long long)b * BINS;
+    unsigned int* row_cand = cand + (long long)b * vocab;
+    const float m = merged_max_logit(part_max + (long long)b * num_chunks, num_chunks) / t;
+    const bool by_mass = pass == 2 || !has_k;
+    const int digit = pass == 2 || has_k ? 1 : 0;
+    const Filter f = digit_filter(digit, row->prefix, row->floor_key, by_mass, m);
+    zero_hist(h);
+    for (int u = c; u < num_units; u += stride) {
+        if (has_k)
+            hist_candidates(h, row_cand, u * CHUNK, min(n, (unsigned int)(u + 1) * CHUNK), f);
+        else
+            hist_logits(h, logits + (long long)b * vocab, u * CHUNK + threadIdx.x, min(vocab, (u + 1) * CHUNK),
+                        t, f, pass == 2, row_cand, &row->num_candidates);
+    }
+    __syncthreads();
+    flush_hist(h, row_hist);
+    if (!last_to_arrive(&row->arrived, num_ctas)) return;
+    u64 vals[BINS_PER_THREAD], above;
+    take_row_bins(row_hist, vals);
+    u64 target = by_mass && digit == 0 ? top_p_target(p, block_total(vals)) : row->target;
+    const unsigned int prefix = f.prefix | (unsigned int)block_select(vals, target, &above) << f.shift;
+    target -= above;
+    if (digit == 0) {
+        if (threadIdx.x == 0) {
+            row->prefix = prefix;
+            row->target = target;
+        }
+        return;
+    }
+    // the last digit by this CTA alone, over the whole candidate list: few of its keys are inside the prefix
+    const unsigned int num_candidates = __ldcg(&row->num_candidates);  // top-p alone: appended just now
+    sweep_candidates(h, row_cand, num_candidates, digit_filter(2, prefix, f.floor_key, by_mass, m), vals);
+    const unsigned int key = prefix | (unsigned int)block_select(vals, target, &above);
+    if (by_mass || !has_p) {
+        if (threadIdx.x == 0) thr[b] = key;
+        return;
+    }
+    // top-k is done and top-p follows: its first digit over the top-k set, every token of it a candidate
+    sweep_candidates(h, row_cand, num_candidates, digit_filter(0, 0u, key, true, m), vals);
+    target = top_p_target(p, block_total(vals));
+    const int bin = block_select(vals, target, &above);
+    if (threadIdx.x == 0) {
+        row->floor_key = key;
+        row->prefix = (unsigned int)bin << 21;
+        row->target = target - above;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
@@ -306,11 +510,7 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
         int vocab) {
     const int c = blockIdx.x, b = blockIdx.y, num_chunks = gridDim.x;
     const long long base = (long long)b * num_chunks;
-    // every CTA of the row merges the C chunk maxima itself (C^2 small reads per row) instead of a launch
-    float max_logit = NEG_INF;
-    for (int i = threadIdx.x; i < num_chunks; i += CHUNK_THREADS)
-        max_logit = fmaxf(max_logit, part_max[base + i]);
-    const RowSetup r = row_setup(temperature, min_p, thr, block_max(max_logit), b);
+    const RowSetup r = row_setup(temperature, min_p, thr, merged_max_logit(part_max + base, num_chunks), b);
     const float* row = logits + (long long)b * vocab;
     u64 mass = 0;
     float s = 0.0f;
@@ -321,9 +521,10 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
         mass += w;
     }
     s = block_sum(s);
-    mass = block_sum_u64(mass);
+    u64 chunk_mass;
+    block_scan_u64(mass, &chunk_mass);
     if (threadIdx.x == 0) {
-        part_mass[base + c] = mass;
+        part_mass[base + c] = chunk_mass;
         part_sum[base + c] = s;
     }
 }
@@ -405,7 +606,8 @@ extern "C" __global__ void __launch_bounds__(FINAL_THREADS) sample_finalize(
         local += mass[i];
     }
     // exactly one thread holds the target: the chunk's masses are sample_chunk_mass's, summed exactly
-    const u64 before = block_exclusive_sum_u64(local);
+    u64 unused;
+    const u64 before = block_scan_u64(local, &unused);
     const u64 target = chunk_target;
     if (target < before || target - before >= local) return;
     u64 running = before;
