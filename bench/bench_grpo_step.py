@@ -44,7 +44,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
 
 
 def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False,
-        keep: tuple[str, ...] = ("attention",)) -> dict:
+        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -68,7 +68,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         max_tokens_per_microbatch=16 * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
         log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer,
-        gradient_checkpointing_keep=keep,
+        gradient_checkpointing_keep=keep, batch_invariant=batch_invariant,
     )
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
@@ -80,7 +80,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     timed = records[1:] or records
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
     system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "") + (
-        f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "")
+        f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "") + (
+        "" if batch_invariant else ", batch_invariant off")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
               "mismatch_max": max(r["mismatch/max"] for r in timed),
@@ -104,10 +105,11 @@ def main() -> None:
                         help="GRPO's offload_optimizer: the fp32 state in host memory while generating")
     parser.add_argument("--keep", default="attention", metavar="OPS",
                         help="gradient_checkpointing_keep, comma-separated (e.g. attention,linear)")
+    parser.add_argument("--batch-invariant", default="on", choices=("on", "off"), help="GRPO's batch_invariant")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer,
-            tuple(args.keep.split(",")))
+            tuple(args.keep.split(",")), args.batch_invariant == "on")
     print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, "
           f"score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "

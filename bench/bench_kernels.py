@@ -218,7 +218,7 @@ def cases():
         {"fwd_warps": 4, "fwd_mt": 1, "fwd_bn": 64},
         {"fwd_warps": 8, "fwd_mt": 1, "fwd_bn": 64},
         {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 64},
-        {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 32},
+        {"fwd_warps": 8, "fwd_mt": 2, "fwd_bn": 64},
     ]
     for config in forward:  # block shapes of the forward kernel
         name = f"attention[{config['fwd_warps']}w mt{config['fwd_mt']} bn{config['fwd_bn']}]"

@@ -26,6 +26,9 @@ class PagedMockModel:
     def kv_cache_bytes_per_token(self):
         return 8
 
+    def set_batch_invariant(self, on):  # no kernels to choose
+        pass
+
     def allocate_kv_cache(self, num_blocks, block_size):
         return np.full((2, 1, num_blocks, block_size, 1, 1), -1.0, np.float32)
 

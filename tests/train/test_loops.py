@@ -74,7 +74,7 @@ def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
     assert os.path.exists(os.path.join(tmp_path, "curves.png")) or "matplotlib" not in sys.modules
 
 
-def smollm2_like_model(device: str, dtype: str, seed=0) -> Model:
+def smollm2_like_model(device: str, dtype: str, seed=0, max_position_embeddings=64) -> Model:
     """SmolLM2's shape in miniature (Llama, 3 query heads per kv head, tied head), the same random weights on
     either device; head_dim 64 so that the GPU runs its attention kernels."""
     from barerl.model.checkpoint import resolve_dtype
@@ -83,7 +83,8 @@ def smollm2_like_model(device: str, dtype: str, seed=0) -> Model:
     cfg = ModelConfig.from_dict({
         "architectures": ["LlamaForCausalLM"], "vocab_size": 15, "hidden_size": 96, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64,
-        "tie_word_embeddings": True, "max_position_embeddings": 64, "eos_token_id": 2, "bos_token_id": 1,
+        "tie_word_embeddings": True, "max_position_embeddings": max_position_embeddings, "eos_token_id": 2,
+        "bos_token_id": 1,
     })
     cpu = Model.random(cfg, seed=seed)
     if device == "cpu":
@@ -108,6 +109,17 @@ def test_grpo_steps_on_the_gpu_equal_the_reference_in_fp32(tmp_path):
         assert got["reward"] == ref["reward"]  # the same rollouts: the samplers draw the same numbers
         for key in ("loss", "grad_norm", "entropy"):
             assert abs(got[key] - ref[key]) <= 1e-4 * max(abs(ref[key]), 1e-3), (key, got[key], ref[key])
+
+
+@pytest.mark.gpu
+def test_batch_invariant_kernels_leave_no_engine_trainer_mismatch_in_bf16(tmp_path):
+    """With batch_invariant (the default) the engine's decode steps and the trainer's packed forward run the
+    same arithmetic per token: only the log-softmax's summation order differs (fp32, ~1e-6)."""
+    cfg = grpo_config(tmp_path, max_steps=2, device="cuda", dtype="bfloat16", max_completion_length=120)
+    model = smollm2_like_model("cuda", "bfloat16", max_position_embeddings=256)
+    run_grpo(cfg, model)
+    records = metrics(tmp_path)
+    assert max(r["mismatch/max"] for r in records) < 1e-5, [r["mismatch/max"] for r in records]
 
 
 @pytest.mark.gpu

@@ -61,6 +61,7 @@ class EngineConfig:
     enforce_eager: bool = False  # on the GPU: no CUDA graphs for decode steps
     num_scheduler_steps: int = 8  # decode steps per schedule and runner call when all can take them (lookahead)
     async_scheduling: bool = True  # start a lookahead step's continuation before recording its tokens
+    batch_invariant: bool = False  # the model's batch-invariant kernels (Model.set_batch_invariant), set here
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -70,7 +71,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling",
+                     "batch_invariant"):
             if not isinstance(getattr(self, name), bool):  # a string "false" would be true (ValueError: as all)
                 got = getattr(self, name)
                 raise ValueError(f"LLM: {name} must be True or False, got {got!r}")  # noqa: TRY004
@@ -97,6 +99,7 @@ class LLM:
 
             tokenizer = tokenizer or load_tokenizer(path)
         self.model, self.tokenizer = model, tokenizer
+        model.set_batch_invariant(cfg.batch_invariant)  # before any CUDA graph captures the kernels
         self.vocab_size = model.cfg.vocab_size
         self.eos_token_ids = _eos_token_ids(model, tokenizer, path)
         self.max_model_len, num_blocks = self._size_kv_cache()

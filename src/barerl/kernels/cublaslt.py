@@ -20,6 +20,13 @@ algorithms summed wrongly in place there (weight gradients, H200). Choices persi
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
 product captured before its class is tuned takes the heuristic's first pick.
 
+Batch invariance (`set_batch_invariant(True)`): a row of a product then has the same bits whatever the
+number of rows around it, so the engine's decode products (a few rows) and the trainer's (thousands) agree.
+Measured on the H200 (bench/batch_invariance.py): every algorithm without split-K gives the same bits, whatever
+its tile, cluster or the row count, while split-K ones differ; cuBLASLt proposes only split-K algorithms for some
+decode shapes (down_proj at 16-64 rows). In this mode a plan keeps the split-free candidates, or makes them from
+the proposed ones (split-K parts set to 1, checked with cublasLtMatmulAlgoCheck); tuning then picks among them.
+
 Layout: as in cublas.py, row-major out (M, N) = op(a) @ op(b) is computed as the column-major
 out^T = op(b)^T op(a)^T, which reads the same memory with no copies. A plan (descriptors, layouts, the
 heuristic's candidates) is built once per shape, dtypes and pointer alignment; building one calls no CUDA
@@ -63,6 +70,13 @@ _COLD_BYTES = 256 << 20  # bytes of b one cold replay cycles through: five times
 _COLD_MAX_COPIES = 128  # at most this many copies of b (a small b's product is short anyway)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
 _TUNE_REPEATS = 10  # launches per timed graph replay
+_batch_invariant = False  # set_batch_invariant: only algorithms without split-K
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Products from now on take only split-K-free algorithms (module docstring), or any again."""
+    global _batch_invariant
+    _batch_invariant = bool(on)
 
 
 class HeuristicResult(ctypes.Structure):
@@ -90,6 +104,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
         "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
         "cublasLtMatmulAlgoConfigGetAttribute": [p, i, p, size, p],
+        "cublasLtMatmulAlgoConfigSetAttribute": [p, i, p, size],
         "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
@@ -168,7 +183,7 @@ class _Lt(LibraryHandle):
         accepted = status == 0 and result.workspace_size <= WORKSPACE_BYTES
         return result if accepted else plan.candidates[0]
 
-    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments) -> _Plan:
+    def _make_plan(self, trans_a, trans_b, shapes, dtypes, has_bias, alignments, invariant) -> _Plan:
         lib = self.lib
         (rows_a, cols_a, ld_a), (rows_b, cols_b, ld_b), (m, n, ld_c, ld_d) = shapes
         in_type, c_type = dtypes
@@ -191,11 +206,36 @@ class _Lt(LibraryHandle):
         check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, pref, CANDIDATES, results,
                                                   ctypes.byref(found)), "cublasLtMatmulAlgoGetHeuristic")
         candidates = [results[i] for i in range(found.value) if results[i].state == 0]
+        if invariant:
+            candidates = self._split_free(desc, layouts, candidates)
         what = f"trans {int(trans_a)}/{int(trans_b)}, shapes {shapes}, dtypes {dtypes[0]}->{dtypes[1]}"
         if not candidates:
-            raise CublasError(f"cuBLASLt has no algorithm for {what}")
+            raise CublasError(f"cuBLASLt has no {'split-free ' if invariant else ''}algorithm for {what}")
         key = _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments)
+        key += " invariant" if invariant else ""
         return _Plan(desc, layouts, candidates, key, decode=m <= _TUNE_MIN_ROWS)
+
+    def _split_free(self, desc, layouts, candidates: list) -> list:
+        """The candidates without split-K, else the candidates with their split-K parts set to 1 that
+        cuBLASLt accepts for this product (batch-invariant mode)."""
+        whole = [c for c in candidates if _config_of(self.lib, c)["splitk"] <= 1]
+        if whole:
+            return whole
+        made = []
+        for candidate in candidates:
+            result = HeuristicResult()
+            ctypes.memmove(result.algo, candidate.algo, ctypes.sizeof(result.algo))
+            for name, value in (("splitk", 1), ("reduction", 0)):
+                attribute, nbytes = _ALGO_CONFIG[name]
+                check(self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(result.algo), attribute,
+                                                                    ctypes.byref(ctypes.c_uint32(value)), nbytes),
+                      "cublasLtMatmulAlgoConfigSetAttribute")
+            status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
+                                                      ctypes.byref(result))
+            if status == 0 and result.workspace_size <= WORKSPACE_BYTES and bytes(result.algo) not in {
+                    bytes(m.algo) for m in made}:
+                made.append(result)
+        return made
 
 
 def _size_class(n: int) -> int:
@@ -259,7 +299,10 @@ def chosen(a, b, out, transa=False, transb=False, c=None, bias=None) -> int | No
 
 def algorithm_config(result) -> dict[str, int]:
     """An algorithm's configuration (cuBLASLt's id, tile, split-K parts, reduction scheme, ...) by name."""
-    lib = _lt().lib
+    return _config_of(_lt().lib, result)
+
+
+def _config_of(lib, result) -> dict[str, int]:
     config = {}
     for name, (attribute, nbytes) in _ALGO_CONFIG.items():
         value, written = ctypes.c_uint64(0), ctypes.c_size_t()
@@ -286,7 +329,7 @@ def _plan_for(a, b, out, transa, transb, c, bias):
     # column-major: out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B our a
     pointers = (b.data.ptr, a.data.ptr, c.data.ptr, out.data.ptr)
     key = (transb, transa, ((rb, cb, ldb), (ra, ca, lda), (m, n, ldc, ldd)), (a.dtype, out.dtype),
-           bias is not None, tuple(alignment(ptr) for ptr in pointers))
+           bias is not None, tuple(alignment(ptr) for ptr in pointers), _batch_invariant)
     return _lt().plan(key), pointers, (m, n, k)
 
 

@@ -77,6 +77,7 @@ class Model:
         self.xp = self.backend.xp_of(params.flat)
         self.dtype = params.flat.dtype
         self.attention_scale = cfg.head_dim**-0.5
+        self.batch_invariant = False  # see set_batch_invariant
         self._rope_positions = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
@@ -112,6 +113,15 @@ class Model:
         self._ensure_rope(max_position + 1)
         return RopeContext(self.xp.asarray(positions), self._cos, self._sin)
 
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant kernels from now on (GPU, bf16/fp16): a token's numbers do not depend on what else is
+        in its batch, so the engine's decode steps and the trainer's packed forward compute the same log-probs
+        bit for bit (no train/inference mismatch). Products take split-K-free algorithms, and decode attention
+        runs the training attention's arithmetic (kernels' paged_attention_invariant), one warp per token
+        and kv head: suited to many sequences, slower for a few long ones."""
+        self.batch_invariant = bool(on)
+        self.backend.set_batch_invariant(self.batch_invariant)
+
     # -- inference (engine) -----------------------------------------------------------------------------
     def kv_cache_bytes_per_token(self) -> int:
         c = self.cfg
@@ -140,6 +150,7 @@ class Model:
         cu = xp.asarray(cu_seqlens_q)
         fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
+        paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
         x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
@@ -149,13 +160,13 @@ class Model:
 
             def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
                 if fresh is None:
-                    return ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
+                    return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
                 s0, t0 = fresh
                 o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
                 if not s0:
                     return o_fresh, None
-                o_cached = ops.paged_attention(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
-                                               self.attention_scale)
+                o_cached = paged(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
+                                 self.attention_scale)
                 return xp.concatenate([o_cached, o_fresh]), None
 
             x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)

@@ -162,6 +162,10 @@ class GRPOConfig(TrainConfig):
     min_p: float | None = opt(None, "Drop tokens below min_p times the top token's probability.", min=0.0,
                               max=1.0)
     shuffle_dataset: bool = opt(True, "Shuffle the prompts each epoch.")
+    batch_invariant: bool = opt(True, "Batch-invariant kernels (GPU, bf16/fp16): the engine's sampling log-probs "
+                                "and the trainer's are computed with the same arithmetic, bit for bit, so "
+                                "the train/inference mismatch is ~0 (split-K-free products; decode attention "
+                                "in the training kernel's order).")
     offload_optimizer: bool = opt(False, "Keep the fp32 master weights and Adam moments in host memory and the "
                                   "(zero) gradients freed while the engine generates, so the GPU holds the "
                                   "working weights and the KV cache alone; each optimizer step streams the state "

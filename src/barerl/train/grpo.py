@@ -77,7 +77,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     # The engine never runs more sequences at once than one generation round has completions: a KV cache
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": cfg.effective_generation_batch_size,
-              "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length, **(engine_args or {})}
+              "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
+              "batch_invariant": cfg.batch_invariant, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
         run.optimizer.offload()
     llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed, **engine)

@@ -40,6 +40,7 @@ __all__ = [
     "qk_norm_rope_store",
     "rmsnorm",
     "rmsnorm_backward",
+    "set_batch_invariant",
     "store_kv",
     "swiglu",
     "swiglu_backward",
@@ -338,6 +339,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
         p /= p.sum(axis=-1, keepdims=True)
         o[a:b] = (p @ _expand_kv(_f32(vs), group)).transpose(1, 0, 2)
     return o.astype(q.dtype, copy=False)
+
+
+def set_batch_invariant(on: bool) -> None:
+    """The CUDA backend's products take split-K-free algorithms from then on (kernels/cublaslt.py), so a row's
+    bits do not depend on the batch; the reference has no algorithm choice to switch."""
 
 
 def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):

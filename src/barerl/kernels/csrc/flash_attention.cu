@@ -40,6 +40,9 @@ constexpr int LD = D + 8;  // shared-memory row pitch in elements: 16 bytes of p
 constexpr int FWD_THREADS = 32 * FWD_WARPS, BWD_THREADS = 32 * BWD_WARPS;
 constexpr int MT = FWD_MT;                                // forward: m16 row tiles per warp
 constexpr int FWD_BM = 16 * MT * FWD_WARPS, FWD_BN = FWD_BN_KEYS;  // forward: query rows, keys per tile
+// A warp's 16 MT rows then fall in one key tile, and a row walks exactly the tiles 0..(its position / FWD_BN), as
+// the decode kernel (paged_attention_invariant) does: the same arithmetic for it in both.
+static_assert(FWD_BN % (16 * MT) == 0, "FWD_BN_KEYS must be a multiple of 16 FWD_MT");
 constexpr int BWD_BN = 16 * BWD_WARPS, BWD_BM = 32;  // backward: keys per block (16 per warp), queries per step
 constexpr int DQ_COLS = D / (BWD_WARPS / 2);         // dQ columns per warp (warps split 2 x BWD_WARPS / 2)
 constexpr int LDS = BWD_BM + 8;          // pitch of the dS^T tile
@@ -281,9 +284,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         int row_pos[MT][2];  // each thread's two rows per m16 tile, positions in the sequence
 #pragma unroll
         for (int m = 0; m < MT; ++m) row_pos[m][0] = row_a + 16 * m, row_pos[m][1] = row_a + 16 * m + 8;
-        attend_tile<MT>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
-                        smem_addr(sV + stage * FWD_BN * LD), lane, kv0,
-                        kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len, row_pos, len, scale_log2);
+        if (kv0 < q0 + wrow + 16 * MT)  // else every key of the tile is past the warp's rows: nothing to add
+            attend_tile<MT>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
+                            smem_addr(sV + stage * FWD_BN * LD), lane, kv0,
+                            kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len, row_pos, len, scale_log2);
         __syncthreads();  // this stage is refilled by the next iteration's prefetch
     }
 
