@@ -152,3 +152,22 @@ def test_in_place_decode_accumulation_is_never_tuned(draw, lt, monkeypatch):
     monkeypatch.setattr(cublaslt._Lt, "algorithm", lambda *args: pytest.fail("in-place accumulation tuned"))
     cublaslt.matmul(x, w, acc, transb=True, beta=1.0)
     assert_close("acc += x w^T", acc, want, BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(1024, 3072), (4096, 1024), (1024, 2048)], ids=["down", "qkv", "o_proj"])
+def test_batch_invariant_rows_have_the_same_bits_at_any_row_count(draw, lt, monkeypatch, n, k):
+    """down_proj's shape at 16-64 rows is one where cuBLASLt proposes only split-K algorithms (H200)."""
+    import cupy
+
+    from barerl.kernels import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_batch_invariant", True)
+    x, w, residual = draw.normal((4096, k), BF16), draw.normal((n, k), BF16, 0.02), draw.normal((4096, n), BF16)
+    big = cublaslt.matmul(x, w, cupy.empty((4096, n), BF16), transb=True, beta=1.0, c=residual)
+    for rows in (1, 16, 64, 256):
+        out = cupy.empty((rows, n), BF16)
+        configs = cublaslt.candidate_configs(x[:rows], w, out, transb=True, c=residual[:rows])
+        assert configs and all(c["splitk"] <= 1 for c in configs)
+        cublaslt.matmul(x[:rows], w, out, transb=True, beta=1.0, c=residual[:rows])
+        assert (out.view(np.uint16) == big[:rows].view(np.uint16)).all(), rows
