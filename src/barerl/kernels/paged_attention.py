@@ -22,7 +22,6 @@ import math
 import numpy as np
 
 from barerl.backend.ref import nn as ref
-from barerl.kernels import pdl
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, require
@@ -95,11 +94,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
     kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
-    pdl.launch(kernel, (splits, K, T), (_THREADS,),
-               (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
-                i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
-                np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
+    kernel((splits, K, T), (_THREADS,),
+           (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
+            i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
+            np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
     if splits > 1:
         combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
-        pdl.launch(combine, (T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))
+        combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))
     return out

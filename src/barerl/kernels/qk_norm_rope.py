@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from barerl.backend import ref
-from barerl.kernels import pdl
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import store_kv
 from barerl.kernels.launch import (
@@ -103,8 +102,7 @@ def _forward(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, 
     out = cupy.empty_like(qkv)
     norms = [contiguous(n.astype(qkv.dtype, copy=False)) if has_norm else None for n in (q_norm, k_norm)]
     if tokens:
-        pdl.launch(
-            kernel,
+        kernel(
             grid,
             block,
             (

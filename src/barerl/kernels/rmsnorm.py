@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from barerl.kernels import pdl
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import (
     contiguous,
@@ -40,8 +39,7 @@ def rmsnorm(x, w, eps):
     rstd = cupy.empty(x.shape[:-1], np.float32)
     if rows:
         kernel = load_kernel("rmsnorm.cu", "rmsnorm_forward", {"DTYPE": ctype(x.dtype)})
-        pdl.launch(
-            kernel,
+        kernel(
             (_grid(rows, 1024),),
             (32 * _ROWS_PER_BLOCK,),  # a warp per row: all rows in flight
             (y, rstd, x, w, np.int32(rows), np.int32(cols), np.float32(eps)),

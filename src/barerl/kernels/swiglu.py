@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from barerl.kernels import pdl
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import contiguous, num_blocks, require
 
@@ -28,8 +27,7 @@ def swiglu(gate_up):
     rows = gate_up.shape[0]
     a = cupy.empty((rows, inter), gate_up.dtype)
     kernel = load_kernel("swiglu.cu", "swiglu_forward", {"DTYPE": ctype(gate_up.dtype)})
-    pdl.launch(
-        kernel,
+    kernel(
         (num_blocks(a.size // (16 // a.dtype.itemsize), 256),),
         (256,),
         (a, gate_up, np.int64(rows), np.int32(inter)),

@@ -9,8 +9,6 @@
 // (rows, cols) array (cols % VEC == 0), calling body(row, col) with col the vector's first column.
 // Reductions: warp_sum/warp_max over the 32 lanes; block_sum/block_max over the block (blockDim.x a
 // multiple of 32, at most 1024), every thread gets the result; they use 32 floats of static shared memory.
-// Programmatic dependent launch (kernels/pdl.py): a kernel launched with pdl.launch calls wait_for_producer()
-// before it reads an input or writes an output; allow_dependents() lets the next PDL launch start early.
 // NVRTC-friendly: no standard library headers.
 #pragma once
 #include <cuda_bf16.h>
@@ -48,23 +46,6 @@ __device__ __forceinline__ __nv_bfloat16 stochastic_round_bf16(float x, unsigned
     const unsigned int bits = __float_as_uint(x);
     if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);
     return __ushort_as_bfloat16((unsigned short)((bits + random16) >> 16));
-}
-
-// A PDL-launched kernel may start while the kernel ahead of it in the stream still runs; this returns once that
-// kernel has completed and its writes are visible, so the results are a plain launch's. A no-op in a plain
-// launch and before sm_90.
-__device__ __forceinline__ void wait_for_producer() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel of the stream, when PDL-launched, start launching (its CTAs then wait in their own
-// wait_for_producer until this grid completes): its launch overlaps our work. A no-op before sm_90.
-__device__ __forceinline__ void allow_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 constexpr int VEC = 16 / sizeof(scalar_t);

@@ -17,7 +17,6 @@
 // Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
-//          Both are programmatic dependent launches (kernels/pdl.py); the split lets the combine start early.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
 //          round, the next STAGES - 1 rounds in flight (cp.async) while one is used, and keep an online softmax of
@@ -134,8 +133,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
         int num_splits, int is_decode, float scale_log2, long long q_stride) {
     __shared__ float reduce_buf[NTG][HEAD_DIM];
     __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
-    wait_for_producer();
-    allow_dependents();  // the combine, when there is one, waits for our parts on its own
 
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
@@ -239,7 +236,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
 extern "C" __global__ void paged_attention_combine(const float* __restrict__ o_part,
                                                    const float* __restrict__ lse_part, Q_T* __restrict__ out,
                                                    int num_splits) {
-    wait_for_producer();
     const long long row = blockIdx.x;
     const float* lse = lse_part + row * num_splits;
     float m = NEG_INF;

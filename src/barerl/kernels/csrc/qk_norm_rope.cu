@@ -23,7 +23,6 @@
 //          atomicAdd per element per block.
 //          The cache store is a run-time switch (k_cache != null, uniform over the grid): the warp that
 //          writes a k or v head of out writes the same registers to the cache, so k and v are not read back.
-//          The forward may be a programmatic dependent launch (kernels/pdl.py) and lets the next one start.
 // Macros:  DTYPE = qkv/out type, HEAD_DIM, CACHE_T = KV-cache storage type (defaults to DTYPE).
 #include "common.cuh"
 
@@ -111,8 +110,6 @@ extern "C" __global__ void qk_norm_rope_forward(
     const float* __restrict__ sin_table, const scalar_t* __restrict__ q_norm, const scalar_t* __restrict__ k_norm,
     cache_t* __restrict__ k_cache, cache_t* __restrict__ v_cache, const int* __restrict__ slot_mapping,
     int tokens, int num_heads, int num_kv_heads, float eps) {
-    wait_for_producer();
-    allow_dependents();  // the decode step's next kernel, paged attention, waits for our writes on its own
     const int lane = threadIdx.x & 31;
     const int heads = num_heads + 2 * num_kv_heads;
     const long long items = (long long)tokens * heads;

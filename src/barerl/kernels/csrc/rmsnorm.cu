@@ -6,7 +6,6 @@
 // Shapes:  x, y, dy, dx (T, C) DTYPE, rows contiguous, C % VEC == 0; w (C,) DTYPE; rstd (T,) fp32;
 //          dw (C,) fp32, accumulated (the caller zeroes it once per optimizer step).
 // Launch:  one warp per row, ROWS_PER_BLOCK (4) warps per block, grid-stride over rows; 16-byte accesses.
-//          The forward may be a programmatic dependent launch (kernels/pdl.py).
 //          Rows of up to 32 * VEC * MAX_VECS elements (1024 bf16 with the default 4) are held in registers:
 //          all of a lane's loads are issued at once and the row is read once. Longer rows take a loop whose
 //          second pass re-reads the row from L1/L2.
@@ -32,7 +31,6 @@ __device__ __forceinline__ void load_row(float (&v)[MAX_VECS][VEC], const scalar
 extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __restrict__ rstd_out,
                                            const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
                                            int rows, int cols, float eps) {
-    wait_for_producer();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     if (cols <= 32 * VEC * MAX_VECS) {

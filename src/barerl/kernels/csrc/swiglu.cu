@@ -4,14 +4,13 @@
 //          backward: dg = da * u * s * (1 + g * (1 - s)),  du = da * g * s,  with s = sigmoid(g)
 // Shapes:  gate_up, dgate_up (T, 2I) DTYPE; a, da (T, I) DTYPE; all rows contiguous; I % VEC == 0.
 // Launch:  grid-stride over T * I / VEC vectors, 256 threads per block; each thread moves VEC outputs with
-//          16-byte accesses. The forward may be a programmatic dependent launch (kernels/pdl.py).
+//          16-byte accesses.
 #include "common.cuh"
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
 extern "C" __global__ void swiglu_forward(scalar_t* __restrict__ a, const scalar_t* __restrict__ gate_up,
                                           long long rows, int inter) {
-    wait_for_producer();
     for_each_row_vector(rows, inter, [&](long long row, int col) {
         float g[VEC], u[VEC];
         load_vec(gate_up + row * 2 * inter + col, g);
