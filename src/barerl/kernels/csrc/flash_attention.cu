@@ -304,17 +304,33 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     }
 }
 
-// The FWD_BN-key tile starting at key0 of one kv head of a sequence's paged cache (physical block
-// table[j / block_size], row j % block_size for key j) into shared memory; keys >= len are zeros.
-__device__ __forceinline__ void load_paged_tile(scalar_t* dst, const scalar_t* cache, const int* table, int key0,
-                                                int len, int block_size, int num_kv_heads, int kvh, int lane) {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+// The FWD_BN-key K and V tiles starting at key0 of one kv head of a sequence's paged cache (key j: physical block
+// table[j / block_size], row j % block_size) into shared memory; keys >= len are zeros. The rows' cache slots are
+// read first, all at once (rows lane, lane + 32, ...), and passed around the warp by shuffles: a table read per
+// copy would wait on memory once per 16-byte chunk.
+__device__ __forceinline__ void load_paged_tiles(scalar_t* dst_k, scalar_t* dst_v, const scalar_t* k_cache,
+                                                 const scalar_t* v_cache, const int* table, int key0, int len,
+                                                 int block_size, int num_kv_heads, int kvh, int lane) {
+    static_assert(FWD_BN % 32 == 0, "FWD_BN_KEYS must be a multiple of 32 (whole tile rows per lane)");
+    constexpr int CHUNKS = D / 8, ROWS_PER_LANE = FWD_BN / 32;
+    int slot[ROWS_PER_LANE];
+#pragma unroll
+    for (int h = 0; h < ROWS_PER_LANE; ++h) {
+        const int key = key0 + lane + 32 * h;
+        slot[h] = key < len ? table[key / block_size] * block_size + key % block_size : -1;
+    }
+#pragma unroll
     for (int c = lane; c < FWD_BN * CHUNKS; c += 32) {
-        const int r = c / CHUNKS, col = (c % CHUNKS) * 8, key = key0 + r;
-        const bool valid = key < len;
-        const long long phys = valid ? table[key / block_size] : 0;
-        const long long row = (phys * block_size + (valid ? key % block_size : 0)) * num_kv_heads + kvh;
-        cp_async16(dst + r * LD + col, cache + row * D + col, valid ? 16 : 0);
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        int row_slot = -1;
+#pragma unroll
+        for (int h = 0; h < ROWS_PER_LANE; ++h) {
+            const int from = __shfl_sync(0xffffffffu, slot[h], r & 31);
+            if (r >> 5 == h) row_slot = from;
+        }
+        const long long offset = row_slot < 0 ? 0 : ((long long)row_slot * num_kv_heads + kvh) * D + col;
+        cp_async16(dst_k + r * LD + col, k_cache + offset, row_slot < 0 ? 0 : 16);
+        cp_async16(dst_v + r * LD + col, v_cache + offset, row_slot < 0 ? 0 : 16);
     }
 }
 
@@ -346,8 +362,7 @@ extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
         const int r = c / (D / 8), col = (c % (D / 8)) * 8;
         cp_async16(sQ + r * LD + col, qt + (r < group ? r * D : 0) + col, r < group ? 16 : 0);
     }
-    load_paged_tile(sK, k_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
-    load_paged_tile(sV, v_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
+    load_paged_tiles(sK, sV, k_cache, v_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
     cp_async_commit();
 
     float acc[1][D / 8][4];
@@ -361,10 +376,8 @@ extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j & 1;
         if (j + 1 < num_tiles) {
-            load_paged_tile(sK + (stage ^ 1) * FWD_BN * LD, k_cache, table, (j + 1) * FWD_BN, len, block_size,
-                            num_kv_heads, kvh, lane);
-            load_paged_tile(sV + (stage ^ 1) * FWD_BN * LD, v_cache, table, (j + 1) * FWD_BN, len, block_size,
-                            num_kv_heads, kvh, lane);
+            load_paged_tiles(sK + (stage ^ 1) * FWD_BN * LD, sV + (stage ^ 1) * FWD_BN * LD, k_cache, v_cache, table,
+                             (j + 1) * FWD_BN, len, block_size, num_kv_heads, kvh, lane);
         }
         cp_async_commit();
         cp_async_wait<1>();
