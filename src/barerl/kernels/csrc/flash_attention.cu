@@ -116,21 +116,21 @@ __device__ __forceinline__ void store_row(scalar_t* orow, const float (&acc)[D /
             pack2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv, scalar_t());
 }
 
-// One K/V tile of the forward's online softmax for a warp's MT m16 row tiles: S = Q K^T in fp32, the causal
-// mask (key > the row's position, or past len) when `masked`, the running max and sum and acc rescaled, then
-// acc += P V with P rounded to scalar_t. Row sums stay per-thread partials (summed over the quad at the end).
-// The training forward and the batch-invariant decode kernel both run this code, so a query row goes through
-// the same operations in the same order in both. q_regs: Q's A fragments when MT = 1; else read at q_base.
-// k_base, v_base: the tile's K and V in shared memory (FWD_BN rows of pitch LD).
+// One K/V tile of the forward's online softmax for a warp's MT m16 row tiles, in two steps. score_tile: S = Q K^T in
+// fp32, the causal mask (key > the row's position, or past len) when `masked`, the running max and sum and acc
+// rescaled, and s = P (unnormalised probabilities). accumulate_pv: acc += P V with P rounded to scalar_t. Row
+// sums stay per-thread partials (summed over the quad at the end). The training forward and the batch-invariant
+// decode kernel both run this code, so a query row goes through the same operations in the same order in both.
+// q_regs: Q's A fragments when MT = 1; else read at q_base. k_tile, v_tile: the tile's K and V in shared memory
+// (FWD_BN rows of pitch LD).
 template <int MT>
-__device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&row_max)[MT][2],
-                                            float (&row_sum)[MT][2], const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4],
-                                            unsigned q_base, unsigned k_tile, unsigned v_tile, int lane, int kv0,
-                                            bool masked, const int (&row_pos)[MT][2], int len, float scale_log2) {
+__device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float (&acc)[MT][D / 8][4],
+                                           float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                           const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4], unsigned q_base,
+                                           unsigned k_tile, int lane, int kv0, bool masked,
+                                           const int (&row_pos)[MT][2], int len, float scale_log2) {
     const int t = lane & 3;
     const unsigned k_base = k_tile + lane_offset_b(lane, LD);
-    const unsigned v_base = v_tile + lane_offset_a(lane, LD);
-    float s[MT][FWD_BN / 8][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -201,6 +201,12 @@ __device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&
             acc[m][i][3] *= rescale[1];
         }
     }
+}
+
+template <int MT>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[MT][D / 8][4], const float (&s)[MT][FWD_BN / 8][4],
+                                              unsigned v_tile, int lane) {
+    const unsigned v_base = v_tile + lane_offset_a(lane, LD);
 #pragma unroll
     for (int kk = 0; kk < FWD_BN / 16; ++kk) {
         unsigned a[MT][4];
@@ -222,6 +228,16 @@ __device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&
             }
         }
     }
+}
+
+template <int MT>
+__device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&row_max)[MT][2],
+                                            float (&row_sum)[MT][2], const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4],
+                                            unsigned q_base, unsigned k_tile, unsigned v_tile, int lane, int kv0,
+                                            bool masked, const int (&row_pos)[MT][2], int len, float scale_log2) {
+    float s[MT][FWD_BN / 8][4];
+    score_tile<MT>(s, acc, row_max, row_sum, q_regs, q_base, k_tile, lane, kv0, masked, row_pos, len, scale_log2);
+    accumulate_pv<MT>(acc, s, v_tile, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forward(
@@ -304,21 +320,25 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
     }
 }
 
-// The FWD_BN-key K and V tiles starting at key0 of one kv head of a sequence's paged cache (key j: physical block
-// table[j / block_size], row j % block_size) into shared memory; keys >= len are zeros. The rows' cache slots are
-// read first, all at once (rows lane, lane + 32, ...), and passed around the warp by shuffles: a table read per
-// copy would wait on memory once per 16-byte chunk.
-__device__ __forceinline__ void load_paged_tiles(scalar_t* dst_k, scalar_t* dst_v, const scalar_t* k_cache,
-                                                 const scalar_t* v_cache, const int* table, int key0, int len,
-                                                 int block_size, int num_kv_heads, int kvh, int lane) {
-    static_assert(FWD_BN % 32 == 0, "FWD_BN_KEYS must be a multiple of 32 (whole tile rows per lane)");
-    constexpr int CHUNKS = D / 8, ROWS_PER_LANE = FWD_BN / 32;
-    int slot[ROWS_PER_LANE];
+constexpr int ROWS_PER_LANE = FWD_BN / 32;  // paged tiles: rows lane, lane + 32, ... of a tile per lane
+static_assert(FWD_BN % 32 == 0, "FWD_BN_KEYS must be a multiple of 32 (whole tile rows per lane)");
+
+// This lane's rows' cache slots (physical block table[key / block_size], row key % block_size) for the FWD_BN keys
+// from key0; -1 for keys >= len. Plain loads: they stay in flight until copy_paged_tile first uses them.
+__device__ __forceinline__ void read_slots(int (&slot)[ROWS_PER_LANE], const int* table, int key0, int len,
+                                           int block_size, int lane) {
 #pragma unroll
     for (int h = 0; h < ROWS_PER_LANE; ++h) {
         const int key = key0 + lane + 32 * h;
         slot[h] = key < len ? table[key / block_size] * block_size + key % block_size : -1;
     }
+}
+
+// One tile (K or V) of one kv head of the paged cache into shared memory (FWD_BN rows of pitch LD), its rows' slots
+// passed around the warp by shuffles; zeros for slots < 0.
+__device__ __forceinline__ void copy_paged_tile(scalar_t* dst, const scalar_t* cache, const int (&slot)[ROWS_PER_LANE],
+                                                int num_kv_heads, int kvh, int lane) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
 #pragma unroll
     for (int c = lane; c < FWD_BN * CHUNKS; c += 32) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
@@ -329,17 +349,20 @@ __device__ __forceinline__ void load_paged_tiles(scalar_t* dst_k, scalar_t* dst_
             if (r >> 5 == h) row_slot = from;
         }
         const long long offset = row_slot < 0 ? 0 : ((long long)row_slot * num_kv_heads + kvh) * D + col;
-        cp_async16(dst_k + r * LD + col, k_cache + offset, row_slot < 0 ? 0 : 16);
-        cp_async16(dst_v + r * LD + col, v_cache + offset, row_slot < 0 ? 0 : 16);
+        cp_async16(dst + r * LD + col, cache + offset, row_slot < 0 ? 0 : 16);
     }
 }
 
 // Batch-invariant attention of query tokens against a paged KV cache: token t's output is bitwise the one
 // flash_attention_forward gives the same query in its packed sequence, whatever the other tokens of the batch.
 // One warp per (query token, kv head). The group's query heads are rows 0.. of an m16 tile (mma rows are
-// independent); the keys go through attend_tile in FWD_BN tiles from position 0, as in the forward (whose
-// extra tiles past a row's position leave it unchanged), so every row sees the same operations in the same
-// order. The keys are not split across CTAs: merging parts would sum in another order. Grid (K, T).
+// independent); the keys go through score_tile and accumulate_pv in FWD_BN tiles from position 0, as the
+// forward's rows do, so every row sees the same operations in the same order. The keys are not split across
+// CTAs: merging parts would sum in another order. Grid (K, T).
+// Pipeline: K and V tiles take turns in a ring of three shared-memory tiles (K_j, V_j, K_j+1, V_j+1, ...): V_j+1
+// is copied into K_j's place once the scores are done, K_j+2 into V_j's once P V is, so two tiles are in flight
+// while one is used, and four CTAs fit on an SM (one wave for G1's 64 sequences x 8 kv heads on 132 SMs). Each
+// tile's cache slots are read a tile ahead of their copy.
 // q (T, H, D) with token rows q_stride apart; caches (num_blocks, block_size, K, D); out (T, H, D) dense.
 extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
     scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
@@ -347,50 +370,64 @@ extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
     const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
     int max_blocks, int is_decode, long long q_stride, float scale_log2) {
     extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int TILE = FWD_BN * LD;  // elements of one K or V tile in shared memory
     scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
-    scalar_t* sK = sQ + 16 * LD;          // 2 stages
-    scalar_t* sV = sK + 2 * FWD_BN * LD;  // 2 stages
+    scalar_t* ring = sQ + 16 * LD;  // three tiles; the i-th tile copied (K_j: i = 2j, V_j: i = 2j + 1) in i % 3
     const int kvh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, g = lane >> 2;
     const int group = num_heads / num_kv_heads;
     const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
     const int pos = context_lens[s] - (cu_seqlens_q[s + 1] - t);  // the token's position in its sequence
     const int len = pos + 1;                                       // keys it sees
+    const int num_tiles = (len + FWD_BN - 1) / FWD_BN;
     const int* table = block_tables + (long long)s * max_blocks;
+    auto slot_of = [&](int i) { return ring + (i % 3) * TILE; };
 
+    // prologue: groups (Q, K_0), (V_0), (K_1) committed; slots of tiles 1 and 2 in registers
+    int cur[ROWS_PER_LANE], nxt[ROWS_PER_LANE];
+    read_slots(cur, table, 0, len, block_size, lane);
     const scalar_t* qt = q + (long long)t * q_stride + (long long)kvh * group * D;
     for (int c = lane; c < 16 * (D / 8); c += 32) {  // rows past the group are zeros
         const int r = c / (D / 8), col = (c % (D / 8)) * 8;
         cp_async16(sQ + r * LD + col, qt + (r < group ? r * D : 0) + col, r < group ? 16 : 0);
     }
-    load_paged_tiles(sK, sV, k_cache, v_cache, table, 0, len, block_size, num_kv_heads, kvh, lane);
+    copy_paged_tile(slot_of(0), k_cache, cur, num_kv_heads, kvh, lane);
     cp_async_commit();
+    copy_paged_tile(slot_of(1), v_cache, cur, num_kv_heads, kvh, lane);
+    cp_async_commit();
+    read_slots(cur, table, FWD_BN, len, block_size, lane);
+    if (num_tiles > 1) copy_paged_tile(slot_of(2), k_cache, cur, num_kv_heads, kvh, lane);
+    cp_async_commit();
+    read_slots(nxt, table, 2 * FWD_BN, len, block_size, lane);
 
-    float acc[1][D / 8][4];
+    float acc[1][D / 8][4], s_tile[1][FWD_BN / 8][4];
     float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.0f, 0.0f}};
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) acc[0][i][0] = acc[0][i][1] = acc[0][i][2] = acc[0][i][3] = 0.0f;
     const int row_pos[1][2] = {{pos, pos}};
     unsigned q_regs[D / 16][4];
     const unsigned q_base = smem_addr(sQ) + lane_offset_a(lane, LD);
-    const int num_tiles = (len + FWD_BN - 1) / FWD_BN;
     for (int j = 0; j < num_tiles; ++j) {
-        const int stage = j & 1;
-        if (j + 1 < num_tiles) {
-            load_paged_tiles(sK + (stage ^ 1) * FWD_BN * LD, sV + (stage ^ 1) * FWD_BN * LD, k_cache, v_cache, table,
-                             (j + 1) * FWD_BN, len, block_size, num_kv_heads, kvh, lane);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<2>();  // K_j landed (V_j and K_j+1 may be in flight)
         __syncwarp();
         if (j == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(q_regs[kk], q_base + kk * 16 * EL);
         }
         const int kv0 = j * FWD_BN;
-        attend_tile<1>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
-                       smem_addr(sV + stage * FWD_BN * LD), lane, kv0, kv0 + FWD_BN > len, row_pos, len,
-                       scale_log2);
-        __syncwarp();  // this stage is refilled by the next iteration's prefetch
+        score_tile<1>(s_tile, acc, row_max, row_sum, q_regs, q_base, smem_addr(slot_of(2 * j)), lane, kv0,
+                      kv0 + FWD_BN > len, row_pos, len, scale_log2);
+        __syncwarp();  // every lane is done with K_j's tile: V_j+1 goes there
+        if (j + 1 < num_tiles) copy_paged_tile(slot_of(2 * j + 3), v_cache, cur, num_kv_heads, kvh, lane);
+        cp_async_commit();
+        cp_async_wait<2>();  // V_j landed
+        __syncwarp();
+        accumulate_pv<1>(acc, s_tile, smem_addr(slot_of(2 * j + 1)), lane);
+        __syncwarp();  // V_j's tile is free: K_j+2 goes there
+        if (j + 2 < num_tiles) copy_paged_tile(slot_of(2 * j + 4), k_cache, nxt, num_kv_heads, kvh, lane);
+        cp_async_commit();
+#pragma unroll
+        for (int h = 0; h < ROWS_PER_LANE; ++h) cur[h] = nxt[h];
+        read_slots(nxt, table, (j + 3) * FWD_BN, len, block_size, lane);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
