@@ -27,6 +27,7 @@
 //          2 x STAGES x UNROLL x THREADS 16-byte slices must fit the 48 KB of static shared memory with the merge
 //          buffers (STAGES x UNROLL <= 10 at head_dim 128).
 #include "mma.cuh"
+#include "sequences.cuh"
 
 #ifndef Q_T
 #define Q_T DTYPE
@@ -60,16 +61,6 @@ __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
     const scalar_t* e = reinterpret_cast<const scalar_t*>(&raw);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
-}
-
-// The sequence owning packed query token t: the last s with cu_seqlens_q[s] <= t.
-__device__ __forceinline__ int sequence_of(const int* cu_seqlens_q, int num_seqs, int t) {
-    int lo = 0, hi = num_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cu_seqlens_q[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    return lo;
 }
 
 // Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice.
