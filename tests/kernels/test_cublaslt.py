@@ -62,6 +62,51 @@ def test_decode_tuning_off_ignores_recorded_choices(tmp_path, monkeypatch):
     assert state.algorithm(plan, tune).algo[0] == 0 and timed == []
 
 
+_FAKE_WORDS = {2: 1, 3: 2}  # SPLITK_NUM, REDUCTION_SCHEME -> the fake algorithm's word
+
+
+class FakeAlgorithmLibrary:
+    """cuBLASLt's algorithm-configuration calls on fake algorithms: word 0 names one, word 1 holds its split-K
+    parts and word 2 its reduction scheme; AlgoCheck accepts the names in `accepted`."""
+
+    def __init__(self, accepted):
+        self.accepted = accepted
+
+    def cublasLtMatmulAlgoConfigGetAttribute(self, algo, attribute, value, nbytes, written):
+        value._obj.value = algo._obj[_FAKE_WORDS[attribute]] if attribute in _FAKE_WORDS else 0
+        return 0
+
+    def cublasLtMatmulAlgoConfigSetAttribute(self, algo, attribute, value, nbytes):
+        algo._obj[_FAKE_WORDS[attribute]] = value._obj.value
+        return 0
+
+    def cublasLtMatmulAlgoCheck(self, handle, desc, a, b, c, d, algo, result):
+        result._obj.workspace_size = 0
+        return 0 if algo._obj[0] in self.accepted else 15  # CUBLAS_STATUS_NOT_SUPPORTED
+
+
+def algorithms(*split_parts):
+    from barerl.kernels.cublaslt import HeuristicResult
+
+    results = [HeuristicResult() for _ in split_parts]
+    for i, (result, parts) in enumerate(zip(results, split_parts)):
+        result.algo[0], result.algo[1], result.algo[2] = i // 2 if parts > 1 else 100 + i, parts, 2 * (parts > 1)
+    return results
+
+
+def test_batch_invariant_plans_keep_or_make_split_free_algorithms():
+    """Split-free candidates are kept as they are; with none, the split-K ones get one part (and no reduction),
+    those cuBLASLt accepts are kept, each once."""
+    from barerl.kernels.cublaslt import _Lt
+
+    state = object.__new__(_Lt)
+    state.handle, state.lib = None, FakeAlgorithmLibrary(accepted={0, 1})
+    mixed = algorithms(2, 1, 4, 1)
+    assert [r.algo[0] for r in state._split_free(None, (None,) * 4, mixed)] == [101, 103]
+    made = state._split_free(None, (None,) * 4, algorithms(2, 2, 4, 2, 2, 2))  # names 0, 0, 1, 1, 2, 2
+    assert [(r.algo[0], r.algo[1], r.algo[2]) for r in made] == [(0, 1, 0), (1, 1, 0)]  # 2 refused; twins once
+
+
 @pytest.fixture
 def lt(monkeypatch, tmp_path):
     """This device's cuBLASLt state with no plans and no recorded choices (written under tmp_path)."""
