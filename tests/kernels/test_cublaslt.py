@@ -1,7 +1,8 @@
 """cuBLASLt's algorithm choice for decode-sized products (kernels/cublaslt.py). On the CPU: which candidates
-are timed and kept, with `_TUNE_DECODE` on and off. On the GPU: every candidate is right (the cold tuning
-may pick any), the tuning cycles through exact, aligned copies of b and records its pick, `_TUNE_DECODE =
-False` keeps the first pick over a recorded one, and an in-place accumulation is never tuned.
+are timed and kept, with `_TUNE_DECODE` on and off, and which a batch-invariant plan keeps or makes. On the
+GPU: every candidate is right (the cold tuning may pick any), the tuning cycles through exact, aligned copies of
+b and records its pick, `_TUNE_DECODE = False` keeps the first pick over a recorded one, an in-place
+accumulation is never tuned, and in batch-invariant mode a row has the same bits at 1 to 4,096 rows.
 """
 
 from __future__ import annotations
