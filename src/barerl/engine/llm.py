@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -110,6 +111,7 @@ class LLM:
             cfg.enable_chunked_prefill,
         )
         self.runner = self._make_runner(num_blocks)
+        self._warn_if_invariant_decode_is_narrow()
         self._rng = np.random.default_rng(cfg.seed)
         self._num_requests = 0
         self.asleep = False
@@ -123,6 +125,21 @@ class LLM:
         from barerl.engine.cuda_graph_runner import CudaGraphRunner
 
         return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.max_model_len)
+
+    def _warn_if_invariant_decode_is_narrow(self) -> None:
+        """Batch-invariant decode attention keeps one CTA per (sequence, kv head) over all its keys (no split):
+        with too few of them for the GPU, long contexts decode several times slower. Said once, at start."""
+        if not self.config.batch_invariant or self.model.device != "cuda":
+            return
+        from barerl.kernels.launch import multiprocessors
+
+        ctas = self.config.max_num_seqs * self.model.cfg.num_key_value_heads
+        if ctas < 2 * multiprocessors():
+            warnings.warn(f"batch_invariant: decode attention runs at most {self.config.max_num_seqs} sequences x "
+                          f"{self.model.cfg.num_key_value_heads} kv heads = {ctas} CTAs for {multiprocessors()} "
+                          "SMs, without splitting the keys: long completions generate several times slower than "
+                          "with batch_invariant=False (which splits them, at a bf16 engine/trainer mismatch of "
+                          "~0.006 per token)", stacklevel=3)
 
     def get_tokenizer(self):
         return self.tokenizer
