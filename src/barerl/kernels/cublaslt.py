@@ -221,7 +221,7 @@ class _Lt(LibraryHandle):
         whole = [c for c in candidates if _config_of(self.lib, c)["splitk"] <= 1]
         if whole:
             return whole
-        made = []
+        made, seen = [], set()
         for candidate in candidates:
             result = HeuristicResult()
             ctypes.memmove(result.algo, candidate.algo, ctypes.sizeof(result.algo))
@@ -232,8 +232,8 @@ class _Lt(LibraryHandle):
                       "cublasLtMatmulAlgoConfigSetAttribute")
             status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
                                                       ctypes.byref(result))
-            if status == 0 and result.workspace_size <= WORKSPACE_BYTES and bytes(result.algo) not in {
-                    bytes(m.algo) for m in made}:
+            if status == 0 and result.workspace_size <= WORKSPACE_BYTES and bytes(result.algo) not in seen:
+                seen.add(bytes(result.algo))
                 made.append(result)
         return made
 

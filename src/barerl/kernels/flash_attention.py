@@ -13,9 +13,8 @@ import numpy as np
 
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
-from barerl.kernels.paged_attention import paged_attention
+from barerl.kernels.paged_attention import paged_attention, paged_inputs
 
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
 # m16 row tiles per warp (query rows per block = 16 x fwd_mt x fwd_warps) and keys per K/V tile; backward:
@@ -126,13 +125,8 @@ def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, c
     require(H % K == 0 and k_cache.shape[3] == D and v_cache.shape == k_cache.shape,
             f"paged_attention_invariant: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
     i32 = np.int32
-    block_tables = contiguous(cupy.asarray(block_tables).astype(i32, copy=False))
-    context_lens = cupy.asarray(context_lens).astype(i32, copy=False)
-    cu_seqlens_q = cupy.asarray(cu_seqlens_q).astype(i32, copy=False)
-    q_stride = token_stride(q)
-    if q_stride is None:
-        q = contiguous(q)
-        q_stride = H * D
+    q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
+                                                                         cu_seqlens_q)
     out = cupy.empty((T, H, D), q.dtype)
     if T == 0:
         return out

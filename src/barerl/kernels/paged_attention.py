@@ -62,6 +62,20 @@ def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
     return max(1, min(math.ceil(target / work), math.ceil(max_context / _MIN_SPLIT_TOKENS)))
 
 
+def paged_inputs(q, block_tables, context_lens, cu_seqlens_q):
+    """A paged-attention kernel's inputs: q (read in place when it is a row-strided view of the fused qkv, else
+    a dense copy) with its token stride, and the int32 device tables -> (q, q_stride, tables, lens, cu)."""
+    import cupy
+
+    i32 = np.int32
+    q_stride = token_stride(q)
+    if q_stride is None:
+        q = contiguous(q)
+        q_stride = q.shape[1] * q.shape[2]
+    return (q, q_stride, contiguous(cupy.asarray(block_tables).astype(i32, copy=False)),
+            cupy.asarray(context_lens).astype(i32, copy=False), cupy.asarray(cu_seqlens_q).astype(i32, copy=False))
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
     """Causal attention of new query tokens against each sequence's cached keys and values.
 
@@ -79,13 +93,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     if T == 0 or not _supported(D, group, k_cache.dtype):
         return ref.paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     i32 = np.int32
-    block_tables = contiguous(cupy.asarray(block_tables).astype(i32, copy=False))
-    context_lens = cupy.asarray(context_lens).astype(i32, copy=False)
-    cu_seqlens_q = cupy.asarray(cu_seqlens_q).astype(i32, copy=False)
-    q_stride = token_stride(q)  # q is a row-strided view of the fused qkv: read in place
-    if q_stride is None:
-        q = contiguous(q)
-        q_stride = H * D
+    q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
+                                                                         cu_seqlens_q)
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
