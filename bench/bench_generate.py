@@ -49,8 +49,9 @@ def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: f
     return (new_tokens * num_params * 2 + context_tokens * kv_per_token) / bandwidth
 
 
-def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int, **engine_args) -> dict:
-    """engine_args: EngineConfig fields (num_scheduler_steps, async_scheduling, batch_invariant, decode_lanes)."""
+def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
+                 num_scheduler_steps: int = DEFAULT_LOOKAHEAD, async_scheduling: bool = True,
+                 batch_invariant: bool = False) -> dict:
     import cupy
 
     from barerl.config import ModelConfig
@@ -63,7 +64,8 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int, **engi
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     seqs = len(prompts) * samples
     llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6,
-              **engine_args)
+              num_scheduler_steps=num_scheduler_steps, async_scheduling=async_scheduling,
+              batch_invariant=batch_invariant)
     assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
@@ -123,8 +125,6 @@ def main() -> None:
                         help="barerl's async_scheduling; one row per value (and lookahead)")
     parser.add_argument("--batch-invariant", nargs="+", default=["off"], choices=["on", "off"],
                         help="barerl's batch_invariant; one row per value (and lookahead, async mode)")
-    parser.add_argument("--decode-lanes", type=int, nargs="+", default=[1],
-                        help="barerl's decode_lanes; one row per value (and the options above)")
     parser.add_argument("--csv", default="bench_generate.csv")
     args = parser.parse_args()
 
@@ -137,15 +137,12 @@ def main() -> None:
         rng = np.random.default_rng(0)
         prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
         results = []
-        variants = [(k, m, b, n) for k in args.num_scheduler_steps for m in args.async_scheduling
-                    for b in args.batch_invariant for n in args.decode_lanes]
-        for steps, mode, invariant, lanes in variants:
-            ours = bench_barerl(prompts, samples, new_tokens, num_scheduler_steps=steps,
-                                async_scheduling=mode == "on", batch_invariant=invariant == "on",
-                                decode_lanes=lanes)
+        variants = [(k, m, b) for k in args.num_scheduler_steps for m in args.async_scheduling
+                    for b in args.batch_invariant]
+        for steps, mode, invariant in variants:
+            ours = bench_barerl(prompts, samples, new_tokens, steps, mode == "on", invariant == "on")
             ours["system"] = ("barerl" + ("" if steps == DEFAULT_LOOKAHEAD else f" lookahead {steps}")
-                              + ("" if mode == "on" else " sync") + (" invariant" if invariant == "on" else "")
-                              + ("" if lanes == 1 else f" {lanes} lanes"))
+                              + ("" if mode == "on" else " sync") + (" invariant" if invariant == "on" else ""))
             print(f"{name} {ours['system']} engine stats: {ours['stats']}", flush=True)
             results.append(ours)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)

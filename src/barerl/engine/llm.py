@@ -63,12 +63,11 @@ class EngineConfig:
     num_scheduler_steps: int = 8  # decode steps per schedule and runner call when all can take them (lookahead)
     async_scheduling: bool = True  # start a lookahead step's continuation before recording its tokens
     batch_invariant: bool = False  # the model's batch-invariant kernels (Model.set_batch_invariant), set here
-    decode_lanes: int = 1  # decode steps of >= 16 sequences per lane run in this many overlapping parts
     seed: int = 0
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens", "num_kv_blocks",
-                    "num_scheduler_steps", "decode_lanes")
+                    "num_scheduler_steps")
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -102,7 +101,6 @@ class LLM:
             tokenizer = tokenizer or load_tokenizer(path)
         self.model, self.tokenizer = model, tokenizer
         model.set_batch_invariant(cfg.batch_invariant)  # before any CUDA graph captures the kernels
-        model.decode_lanes = cfg.decode_lanes
         self.vocab_size = model.cfg.vocab_size
         self.eos_token_ids = _eos_token_ids(model, tokenizer, path)
         self.max_model_len, num_blocks = self._size_kv_cache()

@@ -54,7 +54,6 @@ from barerl.kernels.cublas import (
     on_current_device,
     product_layouts,
 )
-from barerl.kernels.launch import concurrent_lanes
 
 _COMPUTE_32F, _SCALE_32F = 68, 0
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
@@ -140,18 +139,6 @@ class _Lt(LibraryHandle):
         name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
         self.choices_path = CACHE_DIR / f"cublaslt-{name.replace(' ', '_')}-{lib.cublasLtGetVersion()}.json"
         self.choices: dict[str, str] = _read_json(self.choices_path)  # tuning key -> algorithm bytes, hex
-        self.lane_workspaces: dict[int, object] = {}  # stream pointer -> workspace (kernels/lanes.py)
-
-    def workspace_for(self, stream) -> int:
-        """The workspace a product on `stream` may use: the handle's own, or while lanes run side by side each
-        lane's own, so that two products running at once never share one."""
-        import cupy
-
-        if concurrent_lanes() == 1:
-            return self.workspace.data.ptr
-        if stream.ptr not in self.lane_workspaces:  # from the driver: a graph runner's pool would keep it
-            self.lane_workspaces[stream.ptr] = cupy.cuda.Memory(WORKSPACE_BYTES)
-        return self.lane_workspaces[stream.ptr].ptr
 
     def _layout(self, dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         layout = ctypes.c_void_p()
@@ -364,14 +351,13 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
         _set(lt.lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
     f_alpha, f_beta = ctypes.c_float(alpha), ctypes.c_float(beta)
     stream = cupy.cuda.get_current_stream()
-    workspace = lt.workspace_for(stream)
 
     def launch(choice, c_ptr: int, d_ptr: int, on=stream, b_ptr: int = pointers[0]) -> None:
         la, lb, lc, ld = plan.layouts
         status = lt.lib.cublasLtMatmul(
             lt.handle, plan.desc, ctypes.byref(f_alpha), ctypes.c_void_p(b_ptr), la,
             ctypes.c_void_p(pointers[1]), lb, ctypes.byref(f_beta), ctypes.c_void_p(c_ptr), lc,
-            ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(workspace),
+            ctypes.c_void_p(d_ptr), ld, ctypes.byref(choice.algo), ctypes.c_void_p(lt.workspace.data.ptr),
             WORKSPACE_BYTES, ctypes.c_void_p(on.ptr),
         )
         check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, {a.dtype}->{out.dtype})")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
 NULL = np.uint64(0)  # a null pointer argument (the kernel's optional input is absent)
@@ -57,21 +55,3 @@ def multiprocessors() -> int:
     if device not in _multiprocessors:
         _multiprocessors[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
     return _multiprocessors[device]
-
-
-_lanes_sharing = 1  # lanes issuing work side by side now (kernels/lanes.py)
-
-
-@contextmanager
-def sharing_gpu(lanes: int):
-    """While inside, `lanes` chains of ops run side by side: grids sized to the GPU count their share."""
-    global _lanes_sharing
-    before, _lanes_sharing = _lanes_sharing, lanes
-    try:
-        yield
-    finally:
-        _lanes_sharing = before
-
-
-def concurrent_lanes() -> int:
-    return _lanes_sharing

@@ -24,7 +24,7 @@ import numpy as np
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import token_stride
-from barerl.kernels.launch import concurrent_lanes, contiguous, multiprocessors, require
+from barerl.kernels.launch import contiguous, require
 
 _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
@@ -33,11 +33,16 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
+_num_sms: dict[int, int] = {}
 
 
 def _sm_count() -> int:
-    """This launch's share of the SMs: all of them, or 1 / n while n lanes run side by side (kernels/lanes.py)."""
-    return max(1, multiprocessors() // concurrent_lanes())
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _num_sms:
+        _num_sms[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _num_sms[dev]
 
 
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:

@@ -63,39 +63,6 @@ class SamplingFilter:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
 
-DECODE_LANE_ROWS = 16  # fewest sequences per lane: below that a lane's products cost as much as the whole batch's
-DECODE_LANES_TAKE_TURNS = True  # lanes' attentions one at a time (Model._decode_in_lanes)
-
-
-@dataclass
-class _PagedRows:
-    """The per-sequence inputs of forward_paged's attention and cache writes, on the device."""
-
-    tables: object  # (S, max_blocks) int32
-    lens: object  # (S,) int32
-    cu: object  # (S+1,) int32
-    slots: object  # (T,) int32
-
-    def decode_part(self, start: int, stop: int) -> _PagedRows:
-        """Sequences start..stop of a decode step (one token each, so cu is 0, 1, ..., S)."""
-        return _PagedRows(self.tables[start:stop], self.lens[start:stop], self.cu[: stop - start + 1],
-                          self.slots[start:stop])
-
-
-class _Turns:
-    """Attentions of lanes one at a time, in the order they were issued."""
-
-    def __init__(self, lanes):
-        self.lanes, self.last = lanes, None
-
-    def wait(self) -> None:
-        if self.last is not None:
-            self.lanes.wait(self.last)
-
-    def done(self) -> None:
-        self.last = self.lanes.mark()
-
-
 LossFn = Callable[[object, object], tuple[float, object, dict]]
 # A token-local loss's gradient over a chunk of tokens: (logp[start:stop], start, stop) -> dlogp[start:stop]
 TokenGrad = Callable[[object, int, int], object]
@@ -111,7 +78,6 @@ class Model:
         self.dtype = params.flat.dtype
         self.attention_scale = cfg.head_dim**-0.5
         self.batch_invariant = False  # see set_batch_invariant
-        self.decode_lanes = 1  # lanes a large enough decode step runs in (forward_paged)
         self._rope_positions = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
@@ -175,78 +141,39 @@ class Model:
         `max_position` (a bound on the positions) spares a host sync: CUDA-graph capture needs none.
         `fresh_from` (with cu_seqlens_q on the host): sequences fresh_from.. have no cached tokens, so their
         attention runs among their own new tokens as in training (the tiled flash kernel reads each key once
-        per query tile; the paged kernel reads a prompt's keys once per query token).
-        A decode step of at least `decode_lanes` x DECODE_LANE_ROWS sequences runs in `decode_lanes` lanes
-        (`_decode_in_lanes`)."""
+        per query tile; the paged kernel reads a prompt's keys once per query token)."""
         ops, xp, p = self.backend, self.xp, self.params
         rope = self._rope(positions, max_position)
-        cu = xp.asarray(cu_seqlens_q)
         fresh = None
         if fresh_from is not None and fresh_from < len(cu_seqlens_q) - 1:
-            t0 = int(cu_seqlens_q[fresh_from])  # the first fresh sequence's first new token
-            fresh = fresh_from, t0, cu[fresh_from:] - t0  # ... and the fresh sequences' own boundaries
-        rows = _PagedRows(xp.asarray(block_tables), xp.asarray(context_lens), cu, xp.asarray(slot_mapping))
+            fresh = fresh_from, int(cu_seqlens_q[fresh_from])  # first fresh sequence and its first new token
+        cu = xp.asarray(cu_seqlens_q)
+        fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
+        lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
+        paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
         x = ops.embedding(xp.asarray(input_ids), p.embed)
+        for i, w in enumerate(p.layers):
+            k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
+
+            def rotate_and_store(*args, k_cache=k_cache, v_cache=v_cache):  # k and v go to the cache here
+                return ops.qk_norm_rope_store(*args, k_cache, v_cache, slots)
+
+            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
+                if fresh is None:
+                    return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
+                s0, t0 = fresh
+                o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
+                if not s0:
+                    return o_fresh, None
+                o_cached = paged(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
+                                 self.attention_scale)
+                return xp.concatenate([o_cached, o_fresh]), None
+
+            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
-        if decode and fresh is None and x.shape[0] >= self.decode_lanes * DECODE_LANE_ROWS > DECODE_LANE_ROWS:
-            x = self._decode_in_lanes(x, rope, rows, kv_cache)
-        else:
-            for i, w in enumerate(p.layers):
-                x = self._paged_layer(w, x, rope, rows, kv_cache[0, i], kv_cache[1, i], fresh)
         last = x if decode else x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
         return ops.lm_head_logits(h, p.lm_head)
-
-    def _paged_layer(self, w, x, rope, rows: _PagedRows, k_cache, v_cache, fresh=None, turns=None):
-        """One layer of forward_paged on `rows`; `turns` (lanes' _Turns) orders its attention among the lanes'."""
-        ops, xp = self.backend, self.xp
-        paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
-
-        def rotate_and_store(*args):  # k and v go to the cache here
-            return ops.qk_norm_rope_store(*args, k_cache, v_cache, rows.slots)
-
-        def attend(q, k, v):
-            if fresh is None:
-                if turns is not None:
-                    turns.wait()
-                o = paged(q, k_cache, v_cache, rows.tables, rows.lens, rows.cu, self.attention_scale)
-                if turns is not None:
-                    turns.done()
-                return o, None
-            s0, t0, fresh_cu = fresh
-            o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
-            if not s0:
-                return o_fresh, None
-            o_cached = paged(q[:t0], k_cache, v_cache, rows.tables[:s0], rows.lens[:s0], rows.cu[: s0 + 1],
-                             self.attention_scale)
-            return xp.concatenate([o_cached, o_fresh]), None
-
-        x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
-        return x
-
-    def _decode_in_lanes(self, x, rope, rows: _PagedRows, kv_cache):
-        """A decode step's layers with the sequences cut into `decode_lanes` consecutive parts, each on a lane of
-        its own (backend.lanes: CUDA streams), so that one part's attention, bound by the KV cache's bandwidth,
-        runs while another part's products and norms, bound by launch latency at decode sizes, do. With
-        DECODE_LANES_TAKE_TURNS the attentions run one at a time, in issue order (layer by layer, lane by lane),
-        which keeps the lanes half a layer apart. Each part reads every weight once more; a token's arithmetic
-        is the same as in one batch (rows are independent in every kernel)."""
-        ops, xp = self.backend, self.xp
-        count, S = self.decode_lanes, x.shape[0]
-        bounds = [S * i // count for i in range(count + 1)]
-        parts = list(zip(bounds, bounds[1:]))
-        lanes = ops.lanes(count)
-        turns = _Turns(lanes) if DECODE_LANES_TAKE_TURNS else None
-        xs = [x[a:b] for a, b in parts]
-        ropes = [RopeContext(rope.positions[a:b], rope.cos, rope.sin) for a, b in parts]
-        lane_rows = [rows.decode_part(a, b) for a, b in parts]
-        for i, w in enumerate(self.params.layers):
-            for lane in range(count):
-                with lanes.on(lane):
-                    xs[lane] = self._paged_layer(w, xs[lane], ropes[lane], lane_rows[lane], kv_cache[0, i],
-                                                 kv_cache[1, i], turns=turns)
-        lanes.join()
-        return xp.concatenate(xs)
 
     # -- training -----------------------------------------------------------------------------------------
     def _packed_inputs(self, batch: PackedBatch):
