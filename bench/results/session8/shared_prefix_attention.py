@@ -34,8 +34,31 @@ def case(shared_tokens: int, groups: int = 8, per_group: int = 8, context: int =
     return (q, k_cache, v_cache, cupy.asarray(tables), lens, cu, D**-0.5), unique
 
 
+def cascade_proxies():
+    """What a cascade (prefix read once per group of 8 samples) would run at G1's mean context: the suffixes
+    (64 sequences x 512 keys) and the prefixes (8 groups x 128 keys, each with its 8 samples' 16 q heads per kv
+    head as the 16 heads of one query token)."""
+    import cupy
+
+    from barerl.backend import cuda
+    from barerl.kernels import paged_attention as pa
+
+    suffix, _ = case(0, context=512)
+    rng = np.random.default_rng(1)
+    blocks = 8 * 128 // BLOCK
+    tables = cupy.asarray(rng.permutation(blocks).astype(np.int32).reshape(8, 128 // BLOCK))
+    k_cache = cupy.asarray(rng.standard_normal((blocks, BLOCK, K, D), np.float32).astype(BF16))
+    q = cupy.asarray(rng.standard_normal((8, 16 * K, D), np.float32).astype(BF16))
+    prefix = (q, k_cache, k_cache, tables, cupy.full(8, 128, np.int32), cupy.arange(9, dtype=np.int32), D**-0.5)
+    print(f"cascade proxy: suffixes 64 x 512 {1e3 * gpu_ms(cuda.paged_attention, suffix):6.1f} us "
+          f"({pa.num_splits(64, K, 512)} splits); prefixes 8 groups x 128 keys x 16 heads per kv head "
+          f"{1e3 * gpu_ms(cuda.paged_attention, prefix):6.1f} us ({pa.num_splits(8, K, 128)} splits)")
+
+
 def main() -> None:
     from barerl.backend import cuda
+
+    cascade_proxies()
 
     logical = 64 * 640 * K * D * 2 * 2
     for shared in (0, 128, 256):
