@@ -39,7 +39,7 @@ def test_gemm_tuning_classes_round_token_counts_up_to_powers_of_two():
 def test_decode_attention_splits_only_when_few_ctas(monkeypatch):
     """132 SMs (H200): G1 (64 seqs x 8 kv heads) and G2 stay whole; a few long sequences split up to the
     target of 4 CTAs per SM, never into parts under 128 keys."""
-    monkeypatch.setattr(paged_attention, "_sm_count", lambda: 132)
+    monkeypatch.setattr(paged_attention, "multiprocessors", lambda: 132)
     assert paged_attention.num_splits(64, 8, 2048) == paged_attention.num_splits(256, 8, 2048) == 1
     assert paged_attention.num_splits(1, 8, 32768) == 66 and paged_attention.num_splits(16, 8, 4096) == 5
     assert paged_attention.num_splits(1, 8, 512) == 4  # capped by the context: 4 parts of 128 keys

@@ -24,7 +24,7 @@ import numpy as np
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import token_stride
-from barerl.kernels.launch import contiguous, require
+from barerl.kernels.launch import contiguous, multiprocessors, require
 
 _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
@@ -33,18 +33,6 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
-_num_sms: dict[int, int] = {}
-
-
-def _sm_count() -> int:
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _num_sms:
-        _num_sms[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
-    return _num_sms[dev]
-
-
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:
     vec = 16 // np.dtype(cache_dtype).itemsize
     per_row = head_dim // vec
@@ -56,9 +44,9 @@ def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
     A split costs a combine pass and a second wave of short CTAs, so T x K of a couple of CTAs per SM stays
     whole (bench/RESULTS.md, session 4)."""
     work = num_tokens * num_kv_heads
-    if work >= _UNSPLIT_CTAS_PER_SM * _sm_count():
+    if work >= _UNSPLIT_CTAS_PER_SM * multiprocessors():
         return 1
-    target = _CTAS_PER_SM * _sm_count()
+    target = _CTAS_PER_SM * multiprocessors()
     return max(1, min(math.ceil(target / work), math.ceil(max_context / _MIN_SPLIT_TOKENS)))
 
 
