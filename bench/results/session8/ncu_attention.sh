@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # session 8, call 6: what bounds G1's decode attention (64 x 640, distinct blocks)? ncu's speed-of-light, memory and
 # warp-state sections for one launch of paged_attention_split.
-export PYTHONPATH=$PWD/src:$PWD/bench PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
+export PYTHONPATH=$PWD/src:$PWD/bench:$PWD/bench/results/session8 PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 mkdir -p $CUPY_CACHE_DIR && tar -xzf .carry/cupy_cache.tgz -C $CUPY_CACHE_DIR
 cat > /tmp/one_attention.py <<'PY'
 import cupy
