@@ -33,6 +33,8 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
+
+
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:
     vec = 16 // np.dtype(cache_dtype).itemsize
     per_row = head_dim // vec
