@@ -51,7 +51,7 @@ def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: f
 
 def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
                  num_scheduler_steps: int = DEFAULT_LOOKAHEAD, async_scheduling: bool = True,
-                 batch_invariant: bool = False, cascade_attn: bool = True) -> dict:
+                 batch_invariant: bool = False) -> dict:
     import cupy
 
     from barerl.config import ModelConfig
@@ -65,7 +65,7 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
     seqs = len(prompts) * samples
     llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6,
               num_scheduler_steps=num_scheduler_steps, async_scheduling=async_scheduling,
-              batch_invariant=batch_invariant, disable_cascade_attn=not cascade_attn)
+              batch_invariant=batch_invariant)
     assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
@@ -125,8 +125,6 @@ def main() -> None:
                         help="barerl's async_scheduling; one row per value (and lookahead)")
     parser.add_argument("--batch-invariant", nargs="+", default=["off"], choices=["on", "off"],
                         help="barerl's batch_invariant; one row per value (and lookahead, async mode)")
-    parser.add_argument("--cascade-attn", nargs="+", default=["on"], choices=["on", "off"],
-                        help="barerl's cascade decode attention (LLM disable_cascade_attn); one row per value")
     parser.add_argument("--csv", default="bench_generate.csv")
     args = parser.parse_args()
 
@@ -139,13 +137,12 @@ def main() -> None:
         rng = np.random.default_rng(0)
         prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
         results = []
-        variants = [(k, m, b, c) for k in args.num_scheduler_steps for m in args.async_scheduling
-                    for b in args.batch_invariant for c in args.cascade_attn]
-        for steps, mode, invariant, cascade in variants:
-            ours = bench_barerl(prompts, samples, new_tokens, steps, mode == "on", invariant == "on", cascade == "on")
+        variants = [(k, m, b) for k in args.num_scheduler_steps for m in args.async_scheduling
+                    for b in args.batch_invariant]
+        for steps, mode, invariant in variants:
+            ours = bench_barerl(prompts, samples, new_tokens, steps, mode == "on", invariant == "on")
             ours["system"] = ("barerl" + ("" if steps == DEFAULT_LOOKAHEAD else f" lookahead {steps}")
-                              + ("" if mode == "on" else " sync") + (" invariant" if invariant == "on" else "")
-                              + ("" if cascade == "on" else " no cascade"))
+                              + ("" if mode == "on" else " sync") + (" invariant" if invariant == "on" else ""))
             print(f"{name} {ours['system']} engine stats: {ours['stats']}", flush=True)
             results.append(ours)
         bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)

@@ -44,7 +44,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
 
 
 def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False,
-        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, cascade_attn: bool = True) -> dict:
+        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -73,7 +73,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
                reward_funcs=[cheap_reward], show_progress=False,
-               engine_args={"num_scheduler_steps": num_scheduler_steps, "disable_cascade_attn": not cascade_attn})
+               engine_args={"num_scheduler_steps": num_scheduler_steps})
     wall = time.perf_counter() - start
     with open(out / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
@@ -81,7 +81,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
     system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "") + (
         f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "") + (
-        "" if batch_invariant else ", batch_invariant off") + ("" if cascade_attn else ", no cascade attention")
+        "" if batch_invariant else ", batch_invariant off")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
               "mismatch_max": max(r["mismatch/max"] for r in timed),
@@ -106,12 +106,10 @@ def main() -> None:
     parser.add_argument("--keep", default="attention", metavar="OPS",
                         help="gradient_checkpointing_keep, comma-separated (e.g. attention,linear)")
     parser.add_argument("--batch-invariant", default="on", choices=("on", "off"), help="GRPO's batch_invariant")
-    parser.add_argument("--cascade-attn", default="on", choices=("on", "off"),
-                        help="the engine's cascade decode attention (off: disable_cascade_attn)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer,
-            tuple(args.keep.split(",")), args.batch_invariant == "on", args.cascade_attn == "on")
+            tuple(args.keep.split(",")), args.batch_invariant == "on")
     print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, "
           f"score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "

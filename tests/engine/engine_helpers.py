@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from barerl.backend import ref
-from barerl.backend.ref.nn import check_shared_prefix
 from barerl.engine.sampling_params import derive_seed
 
 
@@ -15,18 +14,14 @@ class PagedMockModel:
     """Stands in for `Model`. forward_paged writes each new token (and its position) into the paged cache,
     then rebuilds every sequence's whole history from the cache through its block table: a wrong slot,
     block table, block copy or freed-too-early block changes the history and so the logits. The logits are
-    a fixed pseudo-random function of the history (or `script(history)` -> token, made near-certain).
-    A shared prefix (cascade groups) must be a true statement about the step (the reference's check); each
-    one passed is recorded in `shared_prefixes` as (lens, group_sizes) lists."""
+    a fixed pseudo-random function of the history (or `script(history)` -> token, made near-certain)."""
 
     def __init__(self, vocab_size=32, max_position_embeddings=256, eos_token_id=None, script=None, scale=2.0):
         self.cfg = SimpleNamespace(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-                                   eos_token_ids=[] if eos_token_id is None else [eos_token_id],
-                                   num_attention_heads=1, num_key_value_heads=1)
+                                   eos_token_ids=[] if eos_token_id is None else [eos_token_id])
         self.backend, self.xp, self.dtype, self.device = ref, np, np.dtype(np.float32), "cpu"
         self.script, self.scale = script, scale
         self.num_forward_tokens = 0
-        self.shared_prefixes = []
 
     def kv_cache_bytes_per_token(self):
         return 8
@@ -47,14 +42,11 @@ class PagedMockModel:
         return (rng.normal(size=V) * self.scale).astype(np.float32)
 
     def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv,
-                      max_position=None, fresh_from=None, shared_prefix=None):
+                      max_position=None, fresh_from=None):
         k, v = kv[0, 0].reshape(-1), kv[1, 0].reshape(-1)
         k[slot_mapping], v[slot_mapping] = input_ids, positions
         self.num_forward_tokens += len(input_ids)
         block_size = kv.shape[3]
-        if shared_prefix is not None:
-            check_shared_prefix(shared_prefix, block_tables, context_lens, len(input_ids), block_size)
-            self.shared_prefixes.append((shared_prefix.lens.tolist(), shared_prefix.group_sizes.tolist()))
         logits = []
         for s, ctx in enumerate(context_lens):
             pos = np.arange(ctx)

@@ -81,7 +81,6 @@ def test_empty_text_prompt_with_a_tokenizer():
     ({"async_scheduling": "false"}, r"async_scheduling must be True or False, got 'false'"),
     ({"enforce_eager": 1}, r"enforce_eager must be True or False"),
     ({"batch_invariant": "yes"}, r"batch_invariant must be True or False"),
-    ({"disable_cascade_attn": 0}, r"disable_cascade_attn must be True or False, got 0"),
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 8}, r"needs enable_chunked_prefill=True"),
 ])
 def test_engine_config_errors(kwargs, message):

@@ -9,10 +9,7 @@ forward + sample + `advance_decode` rounds: one launch and one host sync per K t
 - Static inputs: one set of device buffers sized for the largest bucket; a bucket's graph reads their first
   rows. Each step copies its host arrays into them (four copies from pinned memory, the block table as a 2D
   copy of only the columns in use) and pads the rows past the batch: slot -1 (nothing is written to the
-  cache), context length 1 (attends to block 0's first row, whatever it holds), in no cascade group, greedy
-  sampling. The cascade groups (prefix_lens, group_sizes) are inputs like the others: with cascade attention
-  on, every graph passes a SharedPrefix, its arrivals scratch static too, zeroed once (the kernels leave it
-  zeroed); off, none (the kernels' cascade path runs whenever one is passed).
+  cache), context length 1 (attends to block 0's first row, whatever it holds), greedy sampling.
 - The block table keeps max_model_len / block_size columns, so `paged_attention` picks its split count from
   shapes alone and one graph serves every context length.
 - Capture allocates from a private memory pool: the temporaries a graph reuses on every replay can never be
@@ -38,7 +35,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from barerl.backend.ref import SharedPrefix
 from barerl.engine.device_memory import RemappableBuffer
 from barerl.engine.model_runner import (
     ModelRunner,
@@ -49,10 +45,10 @@ from barerl.engine.model_runner import (
 )
 from barerl.engine.scheduler import ScheduledBatch
 
-_INT_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "top_k", "prefix_lens", "group_sizes")
+_INT_FIELDS = ("input_ids", "positions", "context_lens", "slot_mapping", "top_k")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p")
-_PAD = {"input_ids": 0, "positions": 0, "context_lens": 1, "slot_mapping": -1, "top_k": 0, "prefix_lens": 0,
-        "group_sizes": 0, "temperature": 0.0, "top_p": 1.0, "min_p": 0.0}
+_PAD = {"input_ids": 0, "positions": 0, "context_lens": 1, "slot_mapping": -1, "top_k": 0,
+        "temperature": 0.0, "top_p": 1.0, "min_p": 0.0}
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -70,7 +66,7 @@ class _Replayed(NamedTuple):
 class _StaticInputs:
     """Device buffers the graphs read, their pinned host mirrors, and the copy of one step into them."""
 
-    def __init__(self, max_batch: int, max_blocks: int, num_kv_heads: int, cascade: bool):
+    def __init__(self, max_batch: int, max_blocks: int):
         import cupy
         import cupyx
 
@@ -83,8 +79,6 @@ class _StaticInputs:
         self.rng = cupy.zeros((2, max_batch), np.uint64)
         self.block_tables = cupy.zeros((max_batch, max_blocks), np.int32)
         self.cu_seqlens_q = cupy.arange(max_batch + 1, dtype=np.int32)
-        self.cascade = cascade
-        self.arrivals = cupy.zeros(max_batch * num_kv_heads, np.int32) if cascade else None  # kept zeroed
         self.reset()
 
     def reset(self) -> None:
@@ -100,10 +94,8 @@ class _StaticInputs:
         """The arguments of forward_paged / sample for a graph of `batch` rows (views of the buffers)."""
         v = {name: self.ints[i, :batch] for i, name in enumerate(_INT_FIELDS)}
         v.update({name: self.floats[i, :batch] for i, name in enumerate(_FLOAT_FIELDS)})
-        shared = SharedPrefix(v["prefix_lens"], v["group_sizes"], self.arrivals) if self.cascade else None
         v.update(seeds=self.rng[0, :batch], counters=self.rng[1, :batch].view(np.int64),
-                 block_tables=self.block_tables[:batch], cu_seqlens_q=self.cu_seqlens_q[:batch + 1],
-                 shared_prefix=shared)
+                 block_tables=self.block_tables[:batch], cu_seqlens_q=self.cu_seqlens_q[:batch + 1])
         return v
 
     def fill(self, inputs: StepInputs, batch: int) -> None:
@@ -145,18 +137,16 @@ class _StaticInputs:
 class CudaGraphRunner(ModelRunner):
     """ModelRunner whose decode-only steps replay CUDA graphs (module docstring). Same interface."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int,
-                 cascade_attention: bool = True):
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int):
         import cupy
 
         # before the base class allocates the cache: its fixed address (None: a plain allocation)
         cache_bytes = int(np.prod(model.kv_cache_shape(num_blocks, block_size))) * model.dtype.itemsize
         self._kv_memory = RemappableBuffer.create(cache_bytes)
-        super().__init__(model, num_blocks, block_size, cascade_attention)
+        super().__init__(model, num_blocks, block_size)
         self.buckets = batch_buckets(max_num_seqs)
         self.max_model_len = max_model_len
-        self.static = _StaticInputs(self.buckets[-1], -(-max_model_len // block_size),
-                                    model.cfg.num_key_value_heads, cascade=self.max_group_members >= 2)
+        self.static = _StaticInputs(self.buckets[-1], -(-max_model_len // block_size))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch, steps) -> (graph, tokens, logprobs)
         self._pool = None

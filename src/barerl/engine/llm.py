@@ -63,9 +63,6 @@ class EngineConfig:
     num_scheduler_steps: int = 8  # decode steps per schedule and runner call when all can take them (lookahead)
     async_scheduling: bool = True  # start a lookahead step's continuation before recording its tokens
     batch_invariant: bool = False  # the model's batch-invariant kernels (Model.set_batch_invariant), set here
-    # decode attention reads the keys the n samples of a prompt share once per group (cascade attention,
-    # engine/model_runner.py); True: every sequence reads all its keys (vLLM's option, same math)
-    disable_cascade_attn: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,7 +73,7 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"LLM: {name} must be a positive integer, got {value!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "async_scheduling",
-                     "batch_invariant", "disable_cascade_attn"):
+                     "batch_invariant"):
             if not isinstance(getattr(self, name), bool):  # a string "false" would be true (ValueError: as all)
                 got = getattr(self, name)
                 raise ValueError(f"LLM: {name} must be True or False, got {got!r}")  # noqa: TRY004
@@ -123,13 +120,11 @@ class LLM:
 
     def _make_runner(self, num_blocks: int) -> ModelRunner:
         cfg = self.config
-        cascade = not cfg.disable_cascade_attn
         if self.model.device != "cuda" or cfg.enforce_eager:
-            return ModelRunner(self.model, num_blocks, cfg.block_size, cascade_attention=cascade)
+            return ModelRunner(self.model, num_blocks, cfg.block_size)
         from barerl.engine.cuda_graph_runner import CudaGraphRunner
 
-        return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.max_model_len,
-                               cascade_attention=cascade)
+        return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.max_model_len)
 
     def _warn_if_invariant_decode_is_narrow(self) -> None:
         """Batch-invariant decode attention keeps one CTA per (sequence, kv head) over all its keys (no split):

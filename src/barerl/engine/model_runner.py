@@ -18,12 +18,6 @@ tokens. A lookahead call still on its way can be followed by `continue_steps` (t
 once more on the device, so the GPU starts it before the host has seen the previous tokens, and the
 host's bookkeeping of one call runs while the GPU computes the next.
 
-Cascade attention: in a decode step, consecutive sequences whose block tables begin with the same physical
-blocks (the n samples of one prompt) form groups (`shared_prefixes`, backend SharedPrefix), whose shared
-keys the attention kernels read once per group. Groups are found on the host from the block tables, which
-a lookahead call's steps share: its groups hold for every step (contexts only grow, shared blocks are never
-written: a sequence writing into a shared block copies it first).
-
 Sampling rows: a sequence whose computed prefix reaches the end of its tokens this step draws its next
 token from its logits row; a parent (n samples, before its first token) draws n tokens from the same row
 with n seeds, which is how the n samples of one prompt share one prefill. Rows of sequences in the middle
@@ -36,12 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from barerl.backend.ref import MAX_SHARED_PREFIX_MEMBERS, SharedPrefix
 from barerl.engine.scheduler import ScheduledBatch
-
-# Shorter shared prefixes are read per sequence: the kernels read keys in tiles of 64, and a shared pass over
-# less than one tile costs about what it saves.
-MIN_SHARED_PREFIX_TOKENS = 64
 
 
 @dataclass
@@ -54,9 +43,6 @@ class StepInputs:
     block_tables: np.ndarray  # (S, max_blocks) int32, -1 past each sequence's last block
     slot_mapping: np.ndarray  # (T,) int32, flat cache slot (block * block_size + offset) of each new token
     fresh_from: int  # sequences fresh_from.. (the newly admitted, last in a batch) have no cached tokens yet
-    # cascade groups (backend SharedPrefix), all zeros unless the step is one cached decode per sequence
-    prefix_lens: np.ndarray  # (S,) int32, keys shared with the sequence's group (0: in no group)
-    group_sizes: np.ndarray  # (S,) int32, members of the group starting at the sequence, else 0
     # copy-on-write, done before the forward pass: block copy_dst[i] := block copy_src[i], all layers, K and V
     copy_src: np.ndarray  # (C,) int32
     copy_dst: np.ndarray  # (C,) int32
@@ -97,38 +83,9 @@ def block_copies(batch: ScheduledBatch) -> tuple[np.ndarray, np.ndarray]:
     return copies[:, 0].copy(), copies[:, 1].copy()
 
 
-def shared_prefixes(tables: np.ndarray, context_lens: np.ndarray, block_size: int,
-                    max_members: int) -> tuple[np.ndarray, np.ndarray]:
-    """A decode step's cascade groups as SharedPrefix's (lens, group_sizes), (S,) int32 each. tables
-    (S, max_blocks) int32, -1 past each sequence's last block. A group is a run of at most max_members
-    consecutive sequences whose first blocks are the same; it shares the block columns equal across all its
-    members, up to its shortest context. Groups of one, or sharing under MIN_SHARED_PREFIX_TOKENS, are left
-    out (zeros)."""
-    S = len(tables)
-    lens, group_sizes = np.zeros(S, np.int32), np.zeros(S, np.int32)
-    if S < 2 or max_members < 2:
-        return lens, group_sizes
-    same = np.zeros((S - 1, tables.shape[1] + 1), bool)  # a last False column ends every run
-    same[:, :-1] = (tables[1:] == tables[:-1]) & (tables[1:] >= 0)  # rows s, s+1 hold the same block
-    common = same.argmin(axis=1)  # (S-1,) leading block columns equal in rows s and s+1
-    starts = np.flatnonzero(np.r_[True, common == 0])  # a run starts where the first block changes
-    for start, end in zip(starts, np.r_[starts[1:], S]):
-        for first in range(start, end, max_members):
-            last = min(first + max_members, end)
-            if last - first < 2:
-                continue
-            # equality is transitive: the members agree on the columns every adjacent pair of them agrees on
-            prefix = min(int(common[first:last - 1].min()) * block_size, int(context_lens[first:last].min()))
-            if prefix >= MIN_SHARED_PREFIX_TOKENS:
-                lens[first:last], group_sizes[first] = prefix, last - first
-    return lens, group_sizes
-
-
-def prepare_step(batch: ScheduledBatch, block_size: int, max_group_members: int = 0) -> StepInputs:
+def prepare_step(batch: ScheduledBatch, block_size: int) -> StepInputs:
     """The host arrays of one step (see StepInputs). Plain Python lists, one conversion per array: with
-    hundreds of decoding sequences, per-sequence NumPy calls would cost more than the lists. Cascade groups
-    of up to max_group_members sequences (fewer than 2: none) for a step of one cached decode per sequence
-    (the paged kernels' decode path; a fresh sequence attends among its own tokens)."""
+    hundreds of decoding sequences, per-sequence NumPy calls would cost more than the lists."""
     ids, positions, slots, cu, context_lens = [], [], [], [0], []
     for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
         start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + num_new, seq.block_table
@@ -141,15 +98,10 @@ def prepare_step(batch: ScheduledBatch, block_size: int, max_group_members: int 
     fresh_from = len(batch.seqs)
     while fresh_from and batch.seqs[fresh_from - 1].num_computed_tokens == 0:
         fresh_from -= 1
-    tables, context_lens = block_tables(batch), _i32(context_lens)
-    if max_group_members >= 2 and batch.is_decode_only and all(seq.num_computed_tokens for seq in batch.seqs):
-        prefix_lens, group_sizes = shared_prefixes(tables, context_lens, block_size, max_group_members)
-    else:
-        prefix_lens, group_sizes = np.zeros(len(batch.seqs), np.int32), np.zeros(len(batch.seqs), np.int32)
     return StepInputs(
-        input_ids=_i32(ids), positions=_i32(positions), cu_seqlens_q=_i32(cu), context_lens=context_lens,
-        block_tables=tables, slot_mapping=_i32(slots), fresh_from=fresh_from, prefix_lens=prefix_lens,
-        group_sizes=group_sizes, copy_src=copy_src, copy_dst=copy_dst, **_sampling_arrays(batch),
+        input_ids=_i32(ids), positions=_i32(positions), cu_seqlens_q=_i32(cu),
+        context_lens=_i32(context_lens), block_tables=block_tables(batch), slot_mapping=_i32(slots),
+        fresh_from=fresh_from, copy_src=copy_src, copy_dst=copy_dst, **_sampling_arrays(batch),
     )
 
 
@@ -201,11 +153,10 @@ def _done(tokens: np.ndarray, logprobs: np.ndarray) -> PendingSteps:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, cascade_attention: bool = True):
+    def __init__(self, model, num_blocks: int, block_size: int):
         self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.max_group_members = MAX_SHARED_PREFIX_MEMBERS if cascade_attention else 0  # 0: no cascade
         self.kv_cache = None  # (2, L, num_blocks, block_size, K, D)
         self.allocate_kv_cache()
 
@@ -234,7 +185,7 @@ class ModelRunner:
 
     def launch(self, batch: ScheduledBatch) -> PendingSteps:
         """Start `run(batch)`; the result is the PendingSteps'."""
-        inputs = prepare_step(batch, self.block_size, self.max_group_members)
+        inputs = prepare_step(batch, self.block_size)
         if batch.num_steps == 1:
             return _done(*self.execute(inputs))
         return self.execute_steps(inputs, batch.num_steps)
@@ -245,7 +196,6 @@ class ModelRunner:
             raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
         xp = self.model.xp
         arrays = {name: xp.array(getattr(inputs, name)) for name in (*_ADVANCED_FIELDS, "cu_seqlens_q")}
-        arrays["shared_prefix"] = self.shared_prefix(inputs)  # the same groups for every step (module docstring)
         self.copy_blocks(inputs.copy_src, inputs.copy_dst)
         return self._decode_pending(inputs, arrays, num_steps)
 
@@ -271,9 +221,8 @@ class ModelRunner:
 
     def decode_steps(self, arrays: dict, num_steps: int, sample, max_position: int | None = None):
         """forward_paged + sample(logits, counters), num_steps times, on device `arrays` (the forward_paged
-        inputs and counters, changed in place: backend.advance_decode feeds each step's tokens to the next;
-        "shared_prefix", if there, is a SharedPrefix of every step or None). Returns tokens and log-probs
-        (num_steps, S) on the device."""
+        inputs and counters, changed in place: backend.advance_decode feeds each step's tokens to the next).
+        Returns tokens and log-probs (num_steps, S) on the device."""
         tokens = logprobs = None
         for step in range(num_steps):
             if step:
@@ -281,7 +230,6 @@ class ModelRunner:
             logits = self.model.forward_paged(
                 arrays["input_ids"], arrays["positions"], arrays["cu_seqlens_q"], arrays["context_lens"],
                 arrays["block_tables"], arrays["slot_mapping"], self.kv_cache, max_position=max_position,
-                shared_prefix=arrays.get("shared_prefix"),
             )
             step_tokens, step_logprobs = sample(logits, arrays["counters"])
             if num_steps == 1:  # a view: no copy kernel in a one-step graph
@@ -300,20 +248,8 @@ class ModelRunner:
         logits = self.model.forward_paged(
             inputs.input_ids, inputs.positions, inputs.cu_seqlens_q, inputs.context_lens,
             inputs.block_tables, inputs.slot_mapping, self.kv_cache, fresh_from=inputs.fresh_from,
-            shared_prefix=self.shared_prefix(inputs),
         )
         return self.sample(logits, inputs)
-
-    def shared_prefix(self, inputs: StepInputs) -> SharedPrefix | None:
-        """The step's cascade groups on the device with a zeroed arrivals scratch (one for all layers); None
-        without groups, or unless every sequence has one new token and cached keys (forward_paged passes
-        them to the paged attention of decode steps only)."""
-        S = len(inputs.context_lens)
-        if not inputs.group_sizes.any() or inputs.fresh_from != S or len(inputs.input_ids) != S:
-            return None
-        xp = self.model.xp
-        arrivals = xp.zeros(S * self.model.cfg.num_key_value_heads, np.int32)
-        return SharedPrefix(xp.asarray(inputs.prefix_lens), xp.asarray(inputs.group_sizes), arrivals)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         if len(src):

@@ -136,15 +136,12 @@ class Model:
         return self.xp.zeros(self.kv_cache_shape(num_blocks, block_size), dtype=self.dtype)
 
     def forward_paged(self, input_ids, positions, cu_seqlens_q, context_lens, block_tables, slot_mapping, kv_cache,
-                      max_position: int | None = None, fresh_from: int | None = None, shared_prefix=None):
+                      max_position: int | None = None, fresh_from: int | None = None):
         """New tokens of S sequences against their paged KV cache -> (S, V) fp32 logits of each last token.
         `max_position` (a bound on the positions) spares a host sync: CUDA-graph capture needs none.
         `fresh_from` (with cu_seqlens_q on the host): sequences fresh_from.. have no cached tokens, so their
         attention runs among their own new tokens as in training (the tiled flash kernel reads each key once
-        per query tile; the paged kernel reads a prompt's keys once per query token).
-        `shared_prefix` (backend SharedPrefix, decode steps): groups of sequences that begin with the same
-        blocks, whose shared keys the attention reads once per group; batch-invariant attention ignores it
-        (its keys go through the training kernel's order of operations)."""
+        per query tile; the paged kernel reads a prompt's keys once per query token)."""
         ops, xp, p = self.backend, self.xp, self.params
         rope = self._rope(positions, max_position)
         fresh = None
@@ -154,7 +151,6 @@ class Model:
         fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
-        shared = {} if shared_prefix is None or self.batch_invariant else {"shared_prefix": shared_prefix}
         x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
@@ -164,7 +160,7 @@ class Model:
 
             def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
                 if fresh is None:
-                    return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale, **shared), None
+                    return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
                 s0, t0 = fresh
                 o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
                 if not s0:

@@ -17,14 +17,11 @@ Conventions, shared with the kernels:
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_LM_HEAD_CHUNK",
-    "MAX_SHARED_PREFIX_MEMBERS",
-    "SharedPrefix",
     "advance_decode",
     "attention",
     "attention_backward",
@@ -312,77 +309,22 @@ def advance_decode(tokens, input_ids, positions, context_lens, slot_mapping, cou
     counters[...] = xp.where(live, counters + 1, counters)
 
 
-MAX_SHARED_PREFIX_MEMBERS = 8  # sequences of a shared-prefix group: one per token group of the CUDA kernel's CTA
-
-
-class SharedPrefix(NamedTuple):
-    """Which sequences of a decode step begin with the same KV blocks (GRPO's samples of one prompt), so that
-    paged attention may read those keys once per group (cascade attention). Groups are runs of at most
-    MAX_SHARED_PREFIX_MEMBERS consecutive sequences.
-
-    lens (S,) int32: keys 0..lens[s] of sequence s are its group's shared prefix (0: s is in no group); every
-        member's block table maps them to the same physical blocks, and lens[s] <= context_lens[s].
-    group_sizes (S,) int32: n at a group's first sequence (members s..s+n-1, all with the same lens), else 0.
-    arrivals (>= S x K,) int32 zeros, or None: the CUDA kernels' scratch, left zeroed by every call (a CUDA
-        graph's static buffer spares a memset per layer); None: allocated per call. The reference ignores it.
-    """
-
-    lens: object
-    group_sizes: object
-    arrivals: object = None
-
-
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def check_shared_prefix(shared: SharedPrefix, tables: np.ndarray, lens: np.ndarray, num_tokens: int,
-                        block_size: int) -> None:
-    """ValueError unless `shared` is a true statement about a decode step's block tables (SharedPrefix)."""
-    prefix, sizes = _host(shared.lens).astype(np.int64), _host(shared.group_sizes).astype(np.int64)
-    S = len(lens)
-    if num_tokens != S or prefix.shape != (S,) or sizes.shape != (S,):
-        raise ValueError(f"paged_attention: a shared prefix needs a decode step (one new token per sequence) and "
-                         f"(S,) lens and group_sizes; got {num_tokens} tokens, {S} sequences, "
-                         f"{prefix.shape} / {sizes.shape}")
-    member = np.zeros(S, bool)
-    for s in np.flatnonzero(sizes):
-        n, p = int(sizes[s]), int(prefix[s])
-        if n < 1 or s + n > S or n > MAX_SHARED_PREFIX_MEMBERS or member[s:s + n].any():
-            raise ValueError(f"paged_attention: shared-prefix group at sequence {s} of {n} members does not fit "
-                             f"(S = {S}, at most {MAX_SHARED_PREFIX_MEMBERS} members, groups may not overlap)")
-        if p < 1 or (prefix[s:s + n] != p).any() or (lens[s:s + n] < p).any():
-            raise ValueError(f"paged_attention: shared-prefix group at sequence {s}: every member needs the "
-                             f"same prefix length (1..its context length), got {prefix[s:s + n].tolist()}")
-        blocks = tables[s:s + n, :-(-p // block_size)]
-        if (blocks != blocks[0]).any():
-            raise ValueError(f"paged_attention: shared-prefix group at sequence {s}: the members' first "
-                             f"{p} keys are not in the same physical blocks")
-        member[s:s + n] = True
-    if (prefix[~member] != 0).any():
-        raise ValueError("paged_attention: a shared-prefix length is set for a sequence in no group")
-
-
-def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, shared_prefix=None):
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
     """Causal attention of new query tokens against each sequence's cached keys and values.
 
     q (T, H, D): the new tokens of S sequences, packed by cu_seqlens_q (S+1,). Their keys and values are
     already in the caches (num_blocks, block_size, K, D). block_tables (S, max_blocks) int32 maps each
     sequence's logical blocks to physical ones; context_lens (S,) counts its cached tokens including the
     new ones. Query i of a sequence with n new tokens sits at position context_len - n + i and sees keys
-    0..that position. shared_prefix (SharedPrefix, decode steps only) says which sequences share their first
-    blocks: the math is the same (the reference checks the statement and attends as without it; the CUDA
-    kernels read a group's shared keys once). Returns o (T, H, D) in q's dtype.
+    0..that position. Returns o (T, H, D) in q's dtype.
     """
     xp = xp_of(q)
     T, H, D = q.shape
     block_size, K = k_cache.shape[1], k_cache.shape[2]
     group = H // K
     o = xp.zeros((T, H, D), np.float32)
-    tables = _host(block_tables)
-    lens = _host(context_lens)
-    if shared_prefix is not None:
-        check_shared_prefix(shared_prefix, tables, lens, T, block_size)
+    tables = block_tables.get() if hasattr(block_tables, "get") else np.asarray(block_tables)
+    lens = context_lens.get() if hasattr(context_lens, "get") else np.asarray(context_lens)
     for s, (a, b) in enumerate(_segments(cu_seqlens_q)):
         ctx = int(lens[s])
         nblocks = -(-ctx // block_size)

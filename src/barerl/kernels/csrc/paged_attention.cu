@@ -5,23 +5,17 @@
 //            o[t, h] = sum_{j <= pos} softmax_j(scale * q[t, h] . K[s, j, kvh]) V[s, j, kvh]
 //          where token j of sequence s lives in physical block block_tables[s, j / BS], row j % BS.
 //          Scores are kept in the log2 domain (q is pre-multiplied by scale * log2(e)); all math is fp32.
-// Split-KV: the keys first..pos of a query (first = first_keys[s] > 0 in a decode step whose keys 0..first are a
-//          shared prefix, see Cascade; else 0) are cut into `num_splits` even, contiguous parts, one CTA each. A
-//          query with one part in all writes o directly; otherwise each CTA writes its part (normalised output
-//          and log2-sum-exp, part index = split) and the last CTA of a (token, kv head) to finish merges the
-//          parts (attention_parts.cuh). Parts per query: num_splits, plus the shared prefix's where first > 0.
-// Cascade: (decode, prefix_chunks > 0) where group_sizes[s] = n > 0, sequences s..s+n-1 share the keys
-//          0..first_keys[s] (the same physical blocks). The grid's z-slices past T hold prefix_chunks CTAs per
-//          (kv head, pair of sequences 2i, 2i+1: a group has two members or more, so a pair holds one group's
-//          first sequence at most); chunk c reads its even share of the group's shared keys once for the
-//          group, as part num_splits + c of each member's queries.
+// Split-KV: the L = pos + 1 visible keys of a query are cut into `num_splits` even, contiguous parts, one CTA
+//          each. With one split the CTA writes o directly; otherwise it writes its normalised partial output
+//          o_part and its log2-sum-exp lse_part, and `paged_attention_combine` merges the parts:
+//            o = sum_p 2^(lse_p - M) o_p / sum_p 2^(lse_p - M),  M = max_p lse_p  (empty parts: lse = -inf).
 // GQA:     one CTA serves the GROUP query heads of one kv head: each K/V byte is read once per query token.
 // Shapes:  q (T, H, D) Q_T, heads and dims dense, token rows q_stride elements apart (a view of the fused
 //          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
-//          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; first_keys, group_sizes (S,) int32 or null;
-//          out (T, H, D) Q_T; o_part (T, H, part_stride, D) fp32, lse_part (T, H, part_stride) fp32 and
-//          arrivals (T, K) int32 zeros (left zeroed) are unused when every query has one part.
-// Launch:  grid (num_splits, K, T + prefix_chunks * ceil(T / 2)), THREADS threads, static shared memory only.
+//          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
+//          o_part (T, H, num_splits, D) fp32 and lse_part (T, H, num_splits) fp32 (unused with one split).
+// Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
+//          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
 //          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
@@ -34,7 +28,6 @@
 //          buffers (STAGES x UNROLL <= 10 at head_dim 128).
 #include "mma.cuh"
 #include "sequences.cuh"
-#include "attention_parts.cuh"
 
 #ifndef Q_T
 #define Q_T DTYPE
@@ -123,10 +116,27 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
     }
 }
 
-// This thread's slice of the GROUP query heads of kv head kvh of token t, pre-scaled; acc, m, l emptied.
-__device__ __forceinline__ void load_queries(const Q_T* q, long long t, long long q_stride, int kvh, int lane,
-                                             float scale_log2, float (&qf)[GROUP][VEC], float (&acc)[GROUP][VEC],
-                                             float (&m)[GROUP], float (&l)[GROUP]) {
+extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
+        const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
+        const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+        const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
+        float* __restrict__ lse_part, int num_seqs, int num_kv_heads, int block_size, int max_blocks,
+        int num_splits, int is_decode, float scale_log2, long long q_stride) {
+    __shared__ float reduce_buf[NTG][HEAD_DIM];
+    __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+    const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
+    const int num_heads = num_kv_heads * GROUP;
+    const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
+    const int num_new = is_decode ? 1 : cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+    const int first_new = is_decode ? t : cu_seqlens_q[s];
+    const int visible = context_lens[s] - num_new + (t - first_new) + 1;  // keys 0..pos
+    const int start = (int)((long long)split * visible / num_splits);
+    const int end = (int)((long long)(split + 1) * visible / num_splits);
+    const int* table = block_tables + (long long)s * max_blocks;
+
+    float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         const Q_T* qp = q + t * q_stride + (kvh * GROUP + g) * HEAD_DIM + lane * VEC;
@@ -138,131 +148,6 @@ __device__ __forceinline__ void load_queries(const Q_T* q, long long t, long lon
         m[g] = NEG_INF;
         l[g] = 0.0f;
     }
-}
-
-typedef uint4 RingSlot[UNROLL][THREADS];  // one round of K (or V) slices in shared memory, a thread's at [u][tid]
-
-// Request (one cp.async group) this thread's slices of the round's UNROLL tokens base + u NTG + tg of kv head
-// kvh of the sequence with block table `table` into ring slots k, v; zeros for tokens at or past end.
-__device__ __forceinline__ void request_round(RingSlot& k, RingSlot& v, const scalar_t* k_cache,
-                                              const scalar_t* v_cache, const int* table, int base, int end, int tg,
-                                              int lane, int block_size, int num_kv_heads, int kvh) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-        const int j = base + u * NTG + tg;
-        const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
-        cp_async16(&k[u][threadIdx.x], k_cache + row, j < end ? 16 : 0);
-        cp_async16(&v[u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
-    }
-    cp_async_commit();
-}
-
-// Cascade decode attention's shared part: chunk `chunk` of the keys 0..first_keys[s] that a group's members
-// s..s+n-1 (n = group_sizes[s] <= NTG) share, read once for the group. Token group tg is member s + tg and walks
-// every key of the chunk; the CTA copies each round into the ring together (barriers around a round's use: token
-// groups read each other's slices). A member's result is part num_splits + chunk of each of its query heads,
-// merged by the last of its (token, kv head)'s CTAs to finish.
-__device__ __forceinline__ void attend_shared_prefix(
-        RingSlot (&ring_k)[STAGES], RingSlot (&ring_v)[STAGES], const Q_T* q, const scalar_t* k_cache,
-        const scalar_t* v_cache, const int* block_tables, const int* first_keys, const int* group_sizes,
-        Q_T* out, float* o_part, float* lse_part, int* arrivals, int s, int chunk, int num_chunks, int kvh,
-        int num_kv_heads, int block_size, int max_blocks, int num_splits, int part_stride, float scale_log2,
-        long long q_stride) {
-    const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
-    const int members = group_sizes[s], shared = first_keys[s];
-    const int start = (int)((long long)chunk * shared / num_chunks);
-    const int end = (int)((long long)(chunk + 1) * shared / num_chunks);
-    const int part = num_splits + chunk, num_parts = num_splits + num_chunks;
-    const int* table = block_tables + (long long)s * max_blocks;
-    float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
-    load_queries(q, s + min(tg, members - 1), q_stride, kvh, lane, scale_log2, qf, acc, m, l);  // idle: a copy
-
-    constexpr int ROUND = NTG * UNROLL;
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i)
-        request_round(ring_k[i], ring_v[i], k_cache, v_cache, table, start + i * ROUND, end, tg, lane, block_size,
-                      num_kv_heads, kvh);
-    int slot = 0;
-    for (int base = start; base < end; base += ROUND) {
-        const int ahead = (slot + STAGES - 1) % STAGES;  // read two rounds ago: free since the last barrier
-        request_round(ring_k[ahead], ring_v[ahead], k_cache, v_cache, table, base + (STAGES - 1) * ROUND, end,
-                      tg, lane, block_size, num_kv_heads, kvh);
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();  // every thread's slices of this round have landed
-#pragma unroll 1
-        for (int src = 0; src < NTG; ++src) {  // the round's tokens as token group src copied them
-            uint4 k_raw[UNROLL], v_raw[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                k_raw[u] = ring_k[slot][u][src * TPT + lane];
-                v_raw[u] = ring_v[slot][u][src * TPT + lane];
-            }
-            attend_round(k_raw, v_raw, base, end, src, qf, acc, m, l);
-        }
-        __syncthreads();  // the slot is read: the request two rounds on may reuse it
-        slot = (slot + 1) % STAGES;
-    }
-    cp_async_wait<0>();
-
-    const int num_heads = num_kv_heads * GROUP;
-    const long long row0 = (long long)(s + tg) * num_heads + kvh * GROUP;  // the member's first query head
-    if (tg < members) {
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            const long long row = (row0 + g) * part_stride + part;
-            const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) o_part[row * HEAD_DIM + lane * VEC + e] = acc[g][e] * inv;
-            if (lane == 0) lse_part[row] = l[g] > 0.0f ? m[g] + log2f(l[g]) : NEG_INF;
-        }
-    }
-    __threadfence();  // the token group's part is visible device-wide before its lane 0 arrives
-    __syncwarp();
-    const bool arrived_last = tg < members && lane == 0 &&
-                              last_to_arrive(arrivals + (s + tg) * num_kv_heads + kvh, num_parts);
-    if (!__shfl_sync(0xffffffffu, arrived_last, (threadIdx.x % 32) / TPT * TPT)) return;
-    __threadfence();
-    merge_parts<HEAD_DIM, Q_T>(out + row0 * HEAD_DIM, o_part + row0 * part_stride * HEAD_DIM,
-                               lse_part + row0 * part_stride, GROUP, num_parts, part_stride, lane, TPT);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
-        const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
-        const int* __restrict__ block_tables, const int* __restrict__ context_lens,
-        const int* __restrict__ cu_seqlens_q, const int* __restrict__ first_keys,
-        const int* __restrict__ group_sizes, Q_T* __restrict__ out, float* __restrict__ o_part,
-        float* __restrict__ lse_part, int* __restrict__ arrivals, int num_seqs, int num_kv_heads, int block_size,
-        int max_blocks, int num_splits, int part_stride, int prefix_chunks, int is_decode, float scale_log2,
-        long long q_stride) {
-    __shared__ float reduce_buf[NTG][HEAD_DIM];
-    __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
-    __shared__ RingSlot ring_k[STAGES], ring_v[STAGES];
-
-    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
-    const int num_tokens = gridDim.z - prefix_chunks * ((num_seqs + 1) / 2);
-    if (t >= num_tokens) {  // after the members' own CTAs in the grid, so they are dispatched as without these
-        const int pair = (t - num_tokens) / prefix_chunks, chunk = (t - num_tokens) % prefix_chunks;
-        const int s = 2 * pair + (group_sizes[2 * pair] > 0 ? 0 : 1);  // the pair's group start, if any
-        if (split == 0 && s < num_seqs && group_sizes[s] > 0)
-            attend_shared_prefix(ring_k, ring_v, q, k_cache, v_cache, block_tables, first_keys, group_sizes, out,
-                                 o_part, lse_part, arrivals, s, chunk, prefix_chunks, kvh, num_kv_heads,
-                                 block_size, max_blocks, num_splits, part_stride, scale_log2, q_stride);
-        return;
-    }
-    const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
-    const int num_heads = num_kv_heads * GROUP;
-    const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
-    const int num_new = is_decode ? 1 : cu_seqlens_q[s + 1] - cu_seqlens_q[s];
-    const int first_new = is_decode ? t : cu_seqlens_q[s];
-    const int visible = context_lens[s] - num_new + (t - first_new) + 1;  // keys 0..pos
-    const int first = first_keys != nullptr ? first_keys[s] : 0;           // keys before: the shared part's
-    const int num_parts = num_splits + (first > 0 ? prefix_chunks : 0);
-    const int start = first + (int)((long long)split * (visible - first) / num_splits);
-    const int end = first + (int)((long long)(split + 1) * (visible - first) / num_splits);
-    const int* table = block_tables + (long long)s * max_blocks;
-
-    float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
-    load_queries(q, t, q_stride, kvh, lane, scale_log2, qf, acc, m, l);
 
     // Each token group walks its own tokens with its own running max m and sum l (online softmax); the loop
     // bounds are the same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
@@ -272,15 +157,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
     // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
+    __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
+    auto request = [&](int base, int slot) {
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i)
-        request_round(ring_k[i], ring_v[i], k_cache, v_cache, table, start + i * ROUND, end, tg, lane, block_size,
-                      num_kv_heads, kvh);
+        for (int u = 0; u < UNROLL; ++u) {
+            const int j = base + u * NTG + tg;
+            const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
+            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
+            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) request(start + i * ROUND, i);
     int slot = 0;
     for (int base = start; base < end; base += ROUND) {
-        const int ahead = (slot + STAGES - 1) % STAGES;
-        request_round(ring_k[ahead], ring_v[ahead], k_cache, v_cache, table, base + (STAGES - 1) * ROUND, end, tg,
-                      lane, block_size, num_kv_heads, kvh);
+        request(base + (STAGES - 1) * ROUND, (slot + STAGES - 1) % STAGES);
         cp_async_wait<STAGES - 1>();  // of the STAGES groups in flight, the oldest (this round's) has landed
         uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
@@ -320,22 +212,34 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
             float o = 0.0f;
 #pragma unroll
             for (int i = 0; i < NTG; ++i) o += reduce_buf[i][d];
-            if (num_parts == 1) {
+            if (num_splits == 1) {
                 out[(row0 + g) * HEAD_DIM + d] = from_float<Q_T>(o * inv_sum);
             } else {
-                o_part[((row0 + g) * part_stride + split) * HEAD_DIM + d] = o * inv_sum;
+                o_part[((row0 + g) * num_splits + split) * HEAD_DIM + d] = o * inv_sum;
             }
         }
-        if (num_parts > 1 && threadIdx.x == 0)
-            lse_part[(row0 + g) * part_stride + split] = l_all > 0.0f ? m_all + log2f(l_all) : NEG_INF;
+        if (num_splits > 1 && threadIdx.x == 0)
+            lse_part[(row0 + g) * num_splits + split] = l_all > 0.0f ? m_all + log2f(l_all) : NEG_INF;
         __syncthreads();  // reduce_buf is reused by the next head
     }
-    if (num_parts == 1) return;
-    __threadfence();  // every thread's share of the part is visible device-wide before thread 0 arrives
-    __syncthreads();
-    const bool arrived_last = threadIdx.x == 0 && last_to_arrive(arrivals + t * num_kv_heads + kvh, num_parts);
-    if (!__syncthreads_or(arrived_last)) return;
-    __threadfence();
-    merge_parts<HEAD_DIM, Q_T>(out + row0 * HEAD_DIM, o_part + row0 * part_stride * HEAD_DIM,
-                               lse_part + row0 * part_stride, GROUP, num_parts, part_stride, threadIdx.x, THREADS);
+}
+
+extern "C" __global__ void paged_attention_combine(const float* __restrict__ o_part,
+                                                   const float* __restrict__ lse_part, Q_T* __restrict__ out,
+                                                   int num_splits) {
+    const long long row = blockIdx.x;
+    const float* lse = lse_part + row * num_splits;
+    float m = NEG_INF;
+    for (int p = 0; p < num_splits; ++p) m = fmaxf(m, lse[p]);
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        if (m != NEG_INF) {
+            for (int p = 0; p < num_splits; ++p) {
+                const float w = exp2f(lse[p] - m);
+                num += w * o_part[(row * num_splits + p) * HEAD_DIM + d];
+                den += w;
+            }
+        }
+        out[row * HEAD_DIM + d] = from_float<Q_T>(den > 0.0f ? num / den : 0.0f);
+    }
 }
