@@ -1,13 +1,13 @@
 """Attention kernels at T1 shape (16 x 1152, H16 K8 D128): one forward and one backward launch for a profiler
 (`ncu -k regex:flash_attention`), then torch's SDPA flash kernels on the same data as a peer, timed.
 
---paged instead times paged attention's decode cases (G1, G1 ragged, G2, one 32k sequence) for each CTA and
-cp.async pipeline shape THREADS,UNROLL,STAGES given (none given: paged_attention.py's _THREADS, _UNROLL,
-_STAGES, which bench/with_settings.py can set), device time from CUDA-graph replays (bench_decode_kernels.gpu_ms) and GB/s
+--paged instead times paged attention's decode cases (G1, G1 ragged, G2, one 32k sequence) for each cp.async
+pipeline shape UNROLL,STAGES given (none given: paged_attention.py's _UNROLL, _STAGES, which
+bench/with_settings.py can set), device time from CUDA-graph replays (bench_decode_kernels.gpu_ms) and GB/s
 of the K/V read.
 
 usage: PYTHONPATH=src python bench/profile_attention.py [--peer]
-       PYTHONPATH=src python bench/profile_attention.py --paged [THREADS,UNROLL,STAGES ...]
+       PYTHONPATH=src python bench/profile_attention.py --paged [UNROLL,STAGES ...]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SEQS, L = 16, 1152
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true", help="also time torch's SDPA flash kernels")
-    parser.add_argument("--paged", nargs="*", metavar="THREADS,UNROLL,STAGES", help="time paged attention instead")
+    parser.add_argument("--paged", nargs="*", metavar="UNROLL,STAGES", help="time paged attention instead")
     args = parser.parse_args()
     if args.paged is not None:
         paged([tuple(int(v) for v in shape.split(",")) for shape in args.paged])
@@ -52,7 +52,7 @@ def flash(with_peer: bool) -> None:
         peer(q, k, v)
 
 
-def paged(shapes: list[tuple[int, int, int]]) -> None:
+def paged(shapes: list[tuple[int, int]]) -> None:
     """Decode paged attention per pipeline shape; an empty list times paged_attention.py's own."""
     from bench_decode_kernels import attention_case, gpu_ms
 
@@ -63,14 +63,12 @@ def paged(shapes: list[tuple[int, int, int]]) -> None:
     contexts = {"G1 64 x 640": np.full(64, 640), "G1 ragged 64 x 128..1152": rng.integers(128, 1153, 64),
                 "G2 256 x 384": np.full(256, 384), "1 x 32k": np.full(1, 32768)}
     cases = {name: attention_case(rng, lens, np.ones(len(lens), np.int64)) for name, lens in contexts.items()}
-    print(f"{'THREADS,UNROLL,STAGES':<23}{'case':<26}{'us':>9}{'GB/s':>8}", flush=True)
-    own = (paged_attention._THREADS, paged_attention._UNROLL, paged_attention._STAGES)
-    for threads, unroll, stages in shapes or [own]:
-        paged_attention._THREADS, paged_attention._UNROLL, paged_attention._STAGES = threads, unroll, stages
+    print(f"{'UNROLL,STAGES':<15}{'case':<26}{'us':>9}{'GB/s':>8}")
+    for unroll, stages in shapes or [(paged_attention._UNROLL, paged_attention._STAGES)]:
+        paged_attention._UNROLL, paged_attention._STAGES = unroll, stages
         for name, (case, nbytes) in cases.items():
             ms = gpu_ms(cuda.paged_attention, case)
-            print(f"{f'{threads},{unroll},{stages}':<23}{name:<26}{ms * 1e3:>9.1f}{nbytes / ms / 1e6:>8.0f}",
-                  flush=True)
+            print(f"{f'{unroll},{stages}':<15}{name:<26}{ms * 1e3:>9.1f}{nbytes / ms / 1e6:>8.0f}")
 
 
 def peer(q, k, v) -> None:

@@ -26,12 +26,13 @@ from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import token_stride
 from barerl.kernels.launch import contiguous, multiprocessors, require
 
+_THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
 _UNSPLIT_CTAS_PER_SM = 2  # no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2
 _MIN_SPLIT_TOKENS = 128
-# the kernel's CTA width and cp.async pipeline: threads, tokens per token group and round, and rounds in its
-# shared-memory ring (STAGES - 1 in flight; the ring takes 2 x STAGES x UNROLL x THREADS x 16 bytes)
-_THREADS, _UNROLL, _STAGES = 128, 4, 2
+# the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
+# (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
+_UNROLL, _STAGES = 4, 2
 
 
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:
@@ -87,17 +88,15 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
-               "THREADS": _THREADS, "UNROLL": _UNROLL, "STAGES": _STAGES}
+               "UNROLL": _UNROLL, "STAGES": _STAGES}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
     kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
-    ring_bytes = 2 * _STAGES * _UNROLL * _THREADS * 16
-    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, ring_bytes)
     kernel((splits, K, T), (_THREADS,),
            (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
             i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
-            np.float32(scale * math.log2(math.e)), np.int64(q_stride)), shared_mem=ring_bytes)
+            np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
     if splits > 1:
         combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
         combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))

@@ -14,8 +14,7 @@
 //          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
 //          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
 //          o_part (T, H, num_splits, D) fp32 and lse_part (T, H, num_splits) fp32 (unused with one split).
-// Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, RING_BYTES of dynamic shared memory
-//          (the launcher's ring_bytes) for the K/V ring, the merge buffers static.
+// Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
@@ -24,9 +23,9 @@
 //          their own (running max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups
 //          merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
-//          THREADS (default 128, a multiple of 32), UNROLL (default 4) and STAGES (default 2, >= 1; 1 = no round
-//          in flight): their ring of 2 x STAGES x UNROLL x THREADS 16-byte slices and the merge buffers must fit
-//          an SM's 227 KB of shared memory.
+//          UNROLL (default 4) and STAGES (default 2, >= 1; 1 = no round in flight): their ring of
+//          2 x STAGES x UNROLL x THREADS 16-byte slices must fit the 48 KB of static shared memory with the merge
+//          buffers (STAGES x UNROLL <= 10 at head_dim 128).
 #include "mma.cuh"
 #include "sequences.cuh"
 
@@ -40,9 +39,7 @@
 #define GROUP 2
 #endif
 
-#ifndef THREADS
-#define THREADS 128
-#endif
+constexpr int THREADS = 128;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
 #ifndef UNROLL
@@ -54,12 +51,11 @@ constexpr int NTG = THREADS / TPT;   // token groups of a CTA
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
 static_assert(UNROLL >= 1 && STAGES >= 1, "UNROLL and STAGES must be at least 1");
-// paged_attention_split's shared memory: the K/V ring (dynamic), the token groups' merge buffers (static).
+// paged_attention_split's static shared memory: the K/V ring, then the token groups' merge buffers.
 constexpr int RING_BYTES = 2 * STAGES * UNROLL * THREADS * (int)sizeof(uint4);
 constexpr int MERGE_BYTES = (NTG * HEAD_DIM + 2 * NTG * GROUP) * (int)sizeof(float);
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS must be a multiple of 32, at most 1024");
-static_assert(RING_BYTES + MERGE_BYTES <= 227 * 1024,
-              "the K/V ring (THREADS x STAGES x UNROLL) and merge buffers exceed 227 KB of shared memory");
+static_assert(RING_BYTES + MERGE_BYTES <= 48 * 1024,
+              "the K/V ring (STAGES x UNROLL) and merge buffers exceed 48 KB of static shared memory");
 
 __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
     const scalar_t* e = reinterpret_cast<const scalar_t*>(&raw);
@@ -161,9 +157,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
     // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
-    extern __shared__ uint4 ring[];  // RING_BYTES: K slices of STAGES rounds, then their V slices
-    auto ring_k = reinterpret_cast<uint4 (*)[UNROLL][THREADS]>(ring);
-    auto ring_v = reinterpret_cast<uint4 (*)[UNROLL][THREADS]>(ring + STAGES * UNROLL * THREADS);
+    __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
     auto request = [&](int base, int slot) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
