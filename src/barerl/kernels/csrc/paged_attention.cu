@@ -67,11 +67,7 @@ __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
 __device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads,
                                                 int kvh, int lane) {
     const long long phys = table[j / block_size];
-#if HEADS_OUTER  // experiment: a block's rows of one kv head contiguous, (num_blocks, K, BS, D)
-    return ((phys * num_kv_heads + kvh) * block_size + j % block_size) * HEAD_DIM + lane * VEC;
-#else
     return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
-#endif
 }
 
 // One round of a token group's online softmax: the UNROLL tokens base + u NTG + tg (their K and V slices in
