@@ -14,8 +14,9 @@
 //          qkv (before qk_norm_rope), and the kernel does qk_norm_rope_store's work itself: each CTA normalises
 //          (q_norm; none when null) and rotates (rope_cos / rope_sin at the token's position) its query heads,
 //          rounded to Q_T as qk_norm_rope's output is; the CTA holding the last keys (the last split) does the
-//          same for its kv head's new key (k_norm), writes key and value to the caches at slots[t] (none when
-//          < 0) and attends them from registers; the loop reads only the keys cached before. That spares
+//          same for its kv head's new key (k_norm), writes key and value to the caches at slots[t] and attends
+//          them from registers; the loop reads only the keys cached before. A padding row (slots[t] < 0) caches
+//          nothing and reads every key from the cache, as qk_norm_rope_store + paged_attention would. That spares
 //          qk_norm_rope_store's launch (~3 us a layer in a G1 decode step's graph).
 // Shapes:  q (T, H, D) Q_T, heads and dims dense, token rows q_stride elements apart (a view of the fused
 //          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
@@ -191,10 +192,19 @@ extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
     const int visible = context_lens[s] - num_new + (t - first_new) + 1;  // keys 0..pos
     const int start = (int)((long long)split * visible / num_splits);
     const int split_end = (int)((long long)(split + 1) * visible / num_splits);
-    const bool new_key = NEW_TOKEN && split_end == visible;  // this CTA attends the new key from registers
+    // this CTA attends the new key from registers (a padding row, slot < 0, reads every key from the cache)
+    const bool new_key = NEW_TOKEN && split_end == visible && slots[t] >= 0;
     const int end = new_key ? visible - 1 : split_end;         // keys read from the cache
     const int* table = block_tables + (long long)s * max_blocks;
 
+#if NEW_TOKEN  // the new key and value, loaded now so that the loop hides their latency
+    float kf[VEC], vf[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        kf[e] = to_float(k_new[t * kv_stride + kvh * HEAD_DIM + lane * VEC + e]);
+        vf[e] = to_float(v_new[t * kv_stride + kvh * HEAD_DIM + lane * VEC + e]);
+    }
+#endif
     float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
@@ -257,14 +267,8 @@ extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
     cp_async_wait<0>();  // the requests past end (zero fills) land before the CTA exits
 #if NEW_TOKEN
     if (new_key) {  // uniform over the CTA: every token group computes the key (its shuffles need all lanes)
-        float kf[VEC], vf[VEC], c[VEC], sn[VEC];
-        const Q_T* kp = k_new + t * kv_stride + kvh * HEAD_DIM + lane * VEC;
-        const Q_T* vp = v_new + t * kv_stride + kvh * HEAD_DIM + lane * VEC;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            kf[e] = to_float(kp[e]);
-            vf[e] = to_float(vp[e]);
-        }
+        float c[VEC], sn[VEC];
+        const int slot = slots[t];
         load_rotation(rope_cos, rope_sin, visible - 1, lane, c, sn);
         norm_and_rotate(kf, k_norm, c, sn, eps, lane);
         uint4 k_raw[UNROLL] = {}, v_raw[UNROLL] = {};  // [0]: the new key and value in the cache's type
@@ -275,8 +279,7 @@ extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
             ke[e] = from_float<scalar_t>(to_float(from_float<Q_T>(kf[e])));  // what store_kv copies of out's k
             ve[e] = from_float<scalar_t>(vf[e]);
         }
-        const int slot = slots[t];
-        if (tg == 0 && slot >= 0) {
+        if (tg == 0) {
             const long long row = ((long long)slot * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
             *reinterpret_cast<uint4*>(k_cache + row) = k_raw[0];
             *reinterpret_cast<uint4*>(v_cache + row) = v_raw[0];
