@@ -37,11 +37,9 @@ def test_compiles(cu_file: str, arch: int) -> None:
 @needs_nvcc
 @pytest.mark.parametrize("unroll,stages", PIPELINES)
 def test_paged_attention_pipelines_compile(unroll: int, stages: int) -> None:
-    """G1's bf16 head_dim 128 (also in the NEW_TOKEN build, paged_decode_attention's), and fp32 head_dim 16
-    with 4 query heads per kv head (test_paged_attention's smallest heads: 32 token groups, larger merge
-    buffers)."""
-    shapes = [{"DTYPE": "__nv_bfloat16"}, {"DTYPE": "float", "HEAD_DIM": 16, "GROUP": 4},
-              {"DTYPE": "__nv_bfloat16", "NEW_TOKEN": 1}]
+    """G1's bf16 head_dim 128, and fp32 head_dim 16 with 4 query heads per kv head (test_paged_attention's
+    smallest heads: 32 token groups, larger merge buffers)."""
+    shapes = [{"DTYPE": "__nv_bfloat16"}, {"DTYPE": "float", "HEAD_DIM": 16, "GROUP": 4}]
     with ThreadPoolExecutor(len(shapes)) as pool:
         list(pool.map(lambda shape: nvcc_compile_check("paged_attention.cu", 90,
                                                        {**shape, "UNROLL": unroll, "STAGES": stages}), shapes))

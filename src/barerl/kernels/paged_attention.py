@@ -24,8 +24,7 @@ import numpy as np
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.kv_cache import token_stride
-from barerl.kernels.launch import NULL, contiguous, multiprocessors, ptr, require
-from barerl.kernels.qk_norm_rope import qk_norm_rope_store
+from barerl.kernels.launch import contiguous, multiprocessors, require
 
 _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
@@ -67,13 +66,12 @@ def paged_inputs(q, block_tables, context_lens, cu_seqlens_q):
             cupy.asarray(context_lens).astype(i32, copy=False), cupy.asarray(cu_seqlens_q).astype(i32, copy=False))
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, new_token=None):
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
     """Causal attention of new query tokens against each sequence's cached keys and values.
 
     q (T, H, D) packed by cu_seqlens_q (S+1,); caches (num_blocks, block_size, K, D); block_tables
     (S, max_blocks) int32; context_lens (S,) counts cached tokens including the new ones. Returns o (T, H, D)
-    in q's dtype (the contract of backend.ref.paged_attention). new_token: paged_decode_attention's kernel
-    arguments (the kernel's NEW_TOKEN build), for a decode step whose q is raw and whose new keys are not cached.
+    in q's dtype (the contract of backend.ref.paged_attention).
     """
     import cupy
 
@@ -90,7 +88,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
-               "UNROLL": _UNROLL, "STAGES": _STAGES, "NEW_TOKEN": int(new_token is not None)}
+               "UNROLL": _UNROLL, "STAGES": _STAGES}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
@@ -98,39 +96,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     kernel((splits, K, T), (_THREADS,),
            (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
             i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
-            np.float32(scale * math.log2(math.e)), np.int64(q_stride), *(new_token or _NO_NEW_TOKEN)))
+            np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
     if splits > 1:
         combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
         combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))
     return out
-
-
-_NO_NEW_TOKEN = (NULL, NULL, np.int64(0), NULL, NULL, NULL, NULL, NULL, np.float32(0))
-
-
-def paged_decode_attention(q, k, v, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping,
-                           block_tables, context_lens, cu_seqlens_q, scale):
-    """backend.ref.paged_decode_attention: a decode step's attention from its new tokens' raw q, k, v, with
-    qk_norm_rope_store's work done by the attention kernel (csrc/paged_attention.cu, NEW_TOKEN). Steps the
-    kernel does not cover (several new tokens per sequence, shapes paged_attention leaves to the reference,
-    a query dtype other than the cache's, a head of one 16-byte vector) take qk_norm_rope_store and
-    paged_attention."""
-    import cupy
-
-    T, H, D = q.shape
-    K = k.shape[1]
-    kv_stride = token_stride(k)
-    rotation_pairs_apart = D * q.dtype.itemsize // 32  # lanes between a rotation pair's elements in the kernel
-    fused = (T == len(context_lens) and T > 0 and _supported(D, H // K, k_cache.dtype) and q.dtype == k_cache.dtype
-             and rotation_pairs_apart >= 1 and kv_stride is not None and token_stride(v) == kv_stride)
-    if not fused:
-        qkv = cupy.concatenate([x.reshape(T, -1) for x in (q, k, v)], axis=1)
-        rotated, _, _ = qk_norm_rope_store(qkv, positions, cos, sin, H, K, q_norm, k_norm, eps, k_cache, v_cache,
-                                           slot_mapping)
-        return paged_attention(rotated[:, :H * D].reshape(T, H, D), k_cache, v_cache, block_tables, context_lens,
-                               cu_seqlens_q, scale)
-    norms = [None if n is None else contiguous(n.astype(q.dtype, copy=False)) for n in (q_norm, k_norm)]
-    slots = cupy.asarray(slot_mapping).astype(np.int32, copy=False)
-    rope = [contiguous(table.astype(np.float32, copy=False)) for table in (cos, sin)]
-    new_token = (k, v, np.int64(kv_stride), ptr(norms[0]), ptr(norms[1]), *rope, contiguous(slots), np.float32(eps))
-    return paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, new_token)

@@ -151,24 +151,14 @@ class Model:
         fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
         paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
-        ids = xp.asarray(input_ids)
-        # a decode step off batch_invariant: the attention kernel normalises, rotates and caches the new tokens'
-        # q and k itself (paged_decode_attention); batch-invariant decode keeps qk_norm_rope_store's arithmetic
-        fused = fresh is None and ids.shape[0] == cu.shape[0] - 1 and not self.batch_invariant
-        x = ops.embedding(ids, p.embed)
+        x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
 
             def rotate_and_store(*args, k_cache=k_cache, v_cache=v_cache):  # k and v go to the cache here
-                if fused:  # the attention does it: q, k, v stay raw
-                    return args[0], None, None
                 return ops.qk_norm_rope_store(*args, k_cache, v_cache, slots)
 
-            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache, w=w):
-                if fused:
-                    return ops.paged_decode_attention(
-                        q, k, v, rope.positions, rope.cos, rope.sin, w.q_norm, w.k_norm, self.cfg.rms_norm_eps,
-                        k_cache, v_cache, slots, tables, lens, cu, self.attention_scale), None
+            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
                 if fresh is None:
                     return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
                 s0, t0 = fresh

@@ -35,7 +35,6 @@ __all__ = [
     "lm_head_logprobs",
     "paged_attention",
     "paged_attention_invariant",
-    "paged_decode_attention",
     "qk_norm_rope",
     "qk_norm_rope_backward",
     "qk_norm_rope_store",
@@ -340,21 +339,6 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
         p /= p.sum(axis=-1, keepdims=True)
         o[a:b] = (p @ _expand_kv(_f32(vs), group)).transpose(1, 0, 2)
     return o.astype(q.dtype, copy=False)
-
-
-def paged_decode_attention(q, k, v, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping,
-                           block_tables, context_lens, cu_seqlens_q, scale):
-    """A decode step's attention from its new tokens' raw q (T, H, D), k and v (T, K, D) (the fused qkv's
-    heads before qk_norm_rope): `qk_norm_rope_store` of them (k and v into the caches), then `paged_attention`
-    of the rotated q. The CUDA twin does both in the attention kernel. Returns o (T, H, D) in q's dtype."""
-    xp = xp_of(q)
-    T, H, D = q.shape
-    K = k.shape[1]
-    qkv = xp.concatenate([x.reshape(T, -1) for x in (q, k, v)], axis=1)
-    rotated, _, _ = qk_norm_rope_store(qkv, positions, cos, sin, H, K, q_norm, k_norm, eps, k_cache, v_cache,
-                                       slot_mapping)
-    return paged_attention(rotated[:, : H * D].reshape(T, H, D), k_cache, v_cache, block_tables, context_lens,
-                           cu_seqlens_q, scale)
 
 
 def set_batch_invariant(on: bool) -> None:

@@ -10,20 +10,10 @@
 //          o_part and its log2-sum-exp lse_part, and `paged_attention_combine` merges the parts:
 //            o = sum_p 2^(lse_p - M) o_p / sum_p 2^(lse_p - M),  M = max_p lse_p  (empty parts: lse = -inf).
 // GQA:     one CTA serves the GROUP query heads of one kv head: each K/V byte is read once per query token.
-// NEW_TOKEN=1 (decode only, paged_decode_attention): q, k_new, v_new are the new tokens' raw rows of the fused
-//          qkv (before qk_norm_rope), and the kernel does qk_norm_rope_store's work itself: each CTA normalises
-//          (q_norm; none when null) and rotates (rope_cos / rope_sin at the token's position) its query heads,
-//          rounded to Q_T as qk_norm_rope's output is; the CTA holding the last keys (the last split) does the
-//          same for its kv head's new key (k_norm), writes key and value to the caches at slots[t] and attends
-//          them from registers; the loop reads only the keys cached before. A padding row (slots[t] < 0) caches
-//          nothing and reads every key from the cache, as qk_norm_rope_store + paged_attention would. That spares
-//          qk_norm_rope_store's launch (~3 us a layer in a G1 decode step's graph).
 // Shapes:  q (T, H, D) Q_T, heads and dims dense, token rows q_stride elements apart (a view of the fused
 //          qkv); k_cache, v_cache (num_blocks, BS, K, D) DTYPE dense; block_tables (S, max_blocks) int32;
 //          context_lens (S,) int32; cu_seqlens_q (S+1,) int32; out (T, H, D) Q_T;
 //          o_part (T, H, num_splits, D) fp32 and lse_part (T, H, num_splits) fp32 (unused with one split).
-//          NEW_TOKEN: k_new, v_new (T, K, D) Q_T rows kv_stride apart; q_norm, k_norm (D,) Q_T or null;
-//          rope_cos, rope_sin (positions, D / 2) fp32; slots (T,) int32.
 // Launch:  paged_attention_split: grid (num_splits, K, T), THREADS threads, static shared memory only.
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
@@ -33,7 +23,6 @@
 //          their own (running max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups
 //          merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
-//          NEW_TOKEN (default 0),
 //          UNROLL (default 4) and STAGES (default 2, >= 1; 1 = no round in flight): their ring of
 //          2 x STAGES x UNROLL x THREADS 16-byte slices must fit the 48 KB of static shared memory with the merge
 //          buffers (STAGES x UNROLL <= 10 at head_dim 128).
@@ -48,9 +37,6 @@
 #endif
 #ifndef GROUP
 #define GROUP 2
-#endif
-#ifndef NEW_TOKEN
-#define NEW_TOKEN 0
 #endif
 
 constexpr int THREADS = 128;
@@ -130,56 +116,12 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
     }
 }
 
-// qk_norm_rope's math on this thread's VEC elements of one head (lane l of a row's TPT threads holds elements
-// l VEC..): the RMSNorm over the head's elements (w: its weight, null: none), then the NeoX rotation, whose
-// pairs (i, i + D / 2) sit in lanes l and l + TPT / 2. c, s: cos and sin of this thread's elements' pairs.
-__device__ __forceinline__ void norm_and_rotate(float (&x)[VEC], const Q_T* w, const float (&c)[VEC],
-                                                const float (&s)[VEC], float eps, int lane) {
-    if (w != nullptr) {  // uniform over the CTA
-        float ss = 0.0f;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) ss += x[e] * x[e];
-#pragma unroll
-        for (int o = TPT / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float r = rsqrtf(ss / HEAD_DIM + eps);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) x[e] *= r * to_float(w[lane * VEC + e]);
-    }
-    const bool low_half = lane < TPT / 2;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        const float pair = __shfl_xor_sync(0xffffffffu, x[e], TPT / 2);
-        x[e] = low_half ? x[e] * c[e] - pair * s[e] : x[e] * c[e] + pair * s[e];
-    }
-}
-
-// cos and sin at position pos of this thread's VEC elements' rotation pairs (tables (positions, D / 2)).
-__device__ __forceinline__ void load_rotation(const float* cos_table, const float* sin_table, int pos, int lane,
-                                              float (&c)[VEC], float (&s)[VEC]) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        const long long i = (long long)pos * (HEAD_DIM / 2) + (lane * VEC + e) % (HEAD_DIM / 2);
-        c[e] = cos_table[i];
-        s[e] = sin_table[i];
-    }
-}
-
-// NEW_TOKEN's extra registers would leave 5 CTAs per SM instead of the plain kernel's 6 at Qwen3's shape (one
-// more wave at G2's 2,048 CTAs); wider groups need more registers than 6 CTAs allow either way
-#if NEW_TOKEN && GROUP <= 2
-#define SPLIT_BOUNDS __launch_bounds__(THREADS, 6)
-#else
-#define SPLIT_BOUNDS __launch_bounds__(THREADS)
-#endif
-extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
-        const Q_T* __restrict__ q, scalar_t* __restrict__ k_cache, scalar_t* __restrict__ v_cache,
+extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
+        const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
         const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
         float* __restrict__ lse_part, int num_seqs, int num_kv_heads, int block_size, int max_blocks,
-        int num_splits, int is_decode, float scale_log2, long long q_stride, const Q_T* __restrict__ k_new,
-        const Q_T* __restrict__ v_new, long long kv_stride, const Q_T* __restrict__ q_norm,
-        const Q_T* __restrict__ k_norm, const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
-        const int* __restrict__ slots, float eps) {
+        int num_splits, int is_decode, float scale_log2, long long q_stride) {
     __shared__ float reduce_buf[NTG][HEAD_DIM];
     __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
 
@@ -191,44 +133,21 @@ extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
     const int first_new = is_decode ? t : cu_seqlens_q[s];
     const int visible = context_lens[s] - num_new + (t - first_new) + 1;  // keys 0..pos
     const int start = (int)((long long)split * visible / num_splits);
-    const int split_end = (int)((long long)(split + 1) * visible / num_splits);
-    // this CTA attends the new key from registers (a padding row, slot < 0, reads every key from the cache)
-    const bool new_key = NEW_TOKEN && split_end == visible && slots[t] >= 0;
-    const int end = new_key ? visible - 1 : split_end;         // keys read from the cache
+    const int end = (int)((long long)(split + 1) * visible / num_splits);
     const int* table = block_tables + (long long)s * max_blocks;
 
-#if NEW_TOKEN  // the new key and value, loaded now so that the loop hides their latency
-    float kf[VEC], vf[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        kf[e] = to_float(k_new[t * kv_stride + kvh * HEAD_DIM + lane * VEC + e]);
-        vf[e] = to_float(v_new[t * kv_stride + kvh * HEAD_DIM + lane * VEC + e]);
-    }
-#endif
     float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
         const Q_T* qp = q + t * q_stride + (kvh * GROUP + g) * HEAD_DIM + lane * VEC;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-            qf[g][e] = to_float(qp[e]) * (NEW_TOKEN ? 1.0f : scale_log2);
+            qf[g][e] = to_float(qp[e]) * scale_log2;
             acc[g][e] = 0.0f;
         }
         m[g] = NEG_INF;
         l[g] = 0.0f;
     }
-#if NEW_TOKEN
-    {  // raw query heads: normalised, rotated and rounded as qk_norm_rope's output, then scaled
-        float c[VEC], sn[VEC];
-        load_rotation(rope_cos, rope_sin, visible - 1, lane, c, sn);
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            norm_and_rotate(qf[g], q_norm, c, sn, eps, lane);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) qf[g][e] = to_float(from_float<Q_T>(qf[g][e])) * scale_log2;
-        }
-    }
-#endif
 
     // Each token group walks its own tokens with its own running max m and sum l (online softmax); the loop
     // bounds are the same for the whole CTA (warps hold several token groups and shuffle with all 32 lanes).
@@ -265,28 +184,6 @@ extern "C" __global__ void SPLIT_BOUNDS paged_attention_split(
         slot = (slot + 1) % STAGES;
     }
     cp_async_wait<0>();  // the requests past end (zero fills) land before the CTA exits
-#if NEW_TOKEN
-    if (new_key) {  // uniform over the CTA: every token group computes the key (its shuffles need all lanes)
-        float c[VEC], sn[VEC];
-        const int slot = slots[t];
-        load_rotation(rope_cos, rope_sin, visible - 1, lane, c, sn);
-        norm_and_rotate(kf, k_norm, c, sn, eps, lane);
-        uint4 k_raw[UNROLL] = {}, v_raw[UNROLL] = {};  // [0]: the new key and value in the cache's type
-        scalar_t* ke = reinterpret_cast<scalar_t*>(&k_raw[0]);
-        scalar_t* ve = reinterpret_cast<scalar_t*>(&v_raw[0]);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            ke[e] = from_float<scalar_t>(to_float(from_float<Q_T>(kf[e])));  // what store_kv copies of out's k
-            ve[e] = from_float<scalar_t>(vf[e]);
-        }
-        if (tg == 0) {
-            const long long row = ((long long)slot * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
-            *reinterpret_cast<uint4*>(k_cache + row) = k_raw[0];
-            *reinterpret_cast<uint4*>(v_cache + row) = v_raw[0];
-        }
-        attend_round(k_raw, v_raw, 0, tg == 0 ? 1 : 0, 0, qf, acc, m, l);  // token group 0's sums only
-    }
-#endif
 
     // Merge the token groups: rescale each to the CTA-wide max, sum, and write o (or this split's part).
     if (lane == 0) {
