@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_harness import BF16, FP16, FP32, assert_close, f32, poisoned
+from kernel_harness import BF16, FP16, FP32, assert_close, f32, poison
 
 from barerl.backend import ref
 
@@ -20,7 +20,15 @@ def poisoned_outputs(monkeypatch):
     """cupy.empty hands out NaN-filled arrays, so an output element the kernel skips fails the comparison."""
     import cupy
 
-    monkeypatch.setattr(cupy, "empty", lambda shape, dtype=float, *a, **k: poisoned(shape, dtype))
+    empty = cupy.empty
+
+    def nan_filled(shape, dtype=float, *args, **kwargs):
+        out = empty(shape, dtype, *args, **kwargs)
+        if out.dtype.itemsize in (2, 4) and out.dtype.kind == "f":
+            poison(out)
+        return out
+
+    monkeypatch.setattr(cupy, "empty", nan_filled)
 
 
 def inputs(draw, dtype, rows, k_dim, n):

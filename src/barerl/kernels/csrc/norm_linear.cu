@@ -53,21 +53,22 @@ __device__ __forceinline__ long long weight_row(int r, int tile, int inter) {
 #endif
 }
 
-// Eighth c of K: the x tile's rows m0.. (zeros past `rows`), and on the first row tile the weight tile's and
-// g's; one cp.async group.
+// Eighth c of K: the x tile's rows m0.. that exist, and on the first row tile the weight tile's and g's; one
+// cp.async group. Rows past `rows` are left as they are: a row of the product depends on its own row of x
+// only, and those rows are never stored. Every CTA reads the same x rows, so each starts at its own row (all
+// SMs asking one L2 slice for one line at once would queue there).
 __device__ __forceinline__ void load_eighth(unsigned char* smem, const scalar_t* x, const scalar_t* w,
                                             const scalar_t* g, int c, int m0, int rows, int k_dim, int inter,
                                             bool with_weight) {
     const int units = k_dim / 8, per = units / CHUNKS, row_bytes = k_dim * (int)sizeof(scalar_t);
-    const int tile_rows = with_weight ? BM + WROWS : BM;
+    const int x_rows = min(BM, rows - m0), tile_rows = with_weight ? x_rows + WROWS : x_rows;
     for (int i = threadIdx.x; i < tile_rows * per; i += THREADS) {
-        const int r = i / per, unit = c * per + i % per;
-        if (r < BM) {
-            const bool valid = m0 + r < rows;
-            const scalar_t* src = valid ? x + (long long)(m0 + r) * k_dim + unit * 8 : x;
-            cp_async16(smem + swizzled(r, unit, row_bytes), src, valid ? 16 : 0);
+        const int q = i / per, unit = c * per + i % per;
+        if (q < x_rows) {
+            const int r = (q + blockIdx.x) % x_rows;
+            cp_async16(smem + swizzled(r, unit, row_bytes), x + (long long)(m0 + r) * k_dim + unit * 8, 16);
         } else {
-            const int wr = r - BM;
+            const int wr = q - x_rows;
             cp_async16(smem + BM * row_bytes + swizzled(wr, unit, row_bytes),
                        w + weight_row(wr, blockIdx.x, inter) * k_dim + unit * 8, 16);
         }
