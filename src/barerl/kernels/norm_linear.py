@@ -10,7 +10,9 @@ from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import NULL, contiguous, multiprocessors
 
 MAX_ROWS = 64  # above this cuBLAS on the normed rows is faster (the kernel re-reads x per 64-row tile)
-_BM, _THREADS, _WEIGHT_ROWS = 64, 256, (16, 32, 48, 64)
+_BM, _WEIGHT_ROWS = 64, (16, 32, 48, 64)
+_KSPLIT = 2  # warps per 16 rows, each taking every KSPLIT-th k step
+PROBE: dict = {}  # session 10 timing probes (compile-time switches), not for use
 _optin_smem: dict[int, int] = {}
 _raised: set[tuple[int, int]] = set()  # (kernel, bytes) whose dynamic shared-memory limit is raised already
 
@@ -54,14 +56,14 @@ def _launch(x, norm_w, eps, w, bias, swiglu: bool, wrows: int):
     inter = w.shape[0] // 2 if swiglu else 0
     out = cupy.empty((rows, inter if swiglu else w.shape[0]), x.dtype)
     kernel = load_kernel("norm_linear.cu", "norm_linear",
-                         {"DTYPE": ctype(x.dtype), "WROWS": wrows, "SWIGLU": int(swiglu)})
+                         {"DTYPE": ctype(x.dtype), "WROWS": wrows, "SWIGLU": int(swiglu), "KSPLIT": _KSPLIT, **PROBE})
     smem = (_BM + wrows + 1) * k_dim * x.dtype.itemsize
     if (id(kernel), smem) not in _raised:  # a driver call: once, not per launch
         kernel.max_dynamic_shared_size_bytes = smem
         _raised.add((id(kernel), smem))
     tiles = (inter // (wrows // 2)) if swiglu else w.shape[0] // wrows
     cast = lambda a: contiguous(a.astype(x.dtype, copy=False))
-    kernel((tiles,), (_THREADS,),
+    kernel((tiles,), (128 * _KSPLIT,),
            (out, x, cast(norm_w), cast(w), NULL if bias is None else cast(bias), np.int32(rows),
             np.int32(k_dim), np.int32(inter), np.float32(eps)),
            shared_mem=smem)

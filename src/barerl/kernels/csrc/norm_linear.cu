@@ -33,7 +33,10 @@
 #ifndef SWIGLU
 #define SWIGLU 0
 #endif
-constexpr int BM = 64, THREADS = 256, CHUNKS = 8, NT = WROWS / 8;
+#ifndef KSPLIT
+#define KSPLIT 2
+#endif
+constexpr int BM = 64, THREADS = 128 * KSPLIT, CHUNKS = 8, NT = WROWS / 8;
 static_assert(WROWS % 16 == 0 && WROWS <= 64, "WROWS: a multiple of 16, at most 64");
 static_assert(!SWIGLU || NT % 2 == 0, "SWIGLU: gate and up take half the weight rows each");
 
@@ -93,6 +96,7 @@ __device__ __forceinline__ void k_step(float (&acc)[NT][4], float (&ss)[2], unsi
     unsigned a[4];
     ldsm_x4(a, a_row + ((((k0 >> 3) + (lane >> 4)) ^ swz) << 4));
     const float2 g_lo = unpack2(g_pairs[k0 / 2 + t]), g_hi = unpack2(g_pairs[k0 / 2 + 4 + t]);
+#ifndef PROBE_NO_NORM
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // regs 0, 2: row g; 1, 3: row g + 8; regs 2, 3: k + 8
         const float2 v = unpack2(a[i]);
@@ -100,6 +104,7 @@ __device__ __forceinline__ void k_step(float (&acc)[NT][4], float (&ss)[2], unsi
         ss[i & 1] += v.x * v.x + v.y * v.y;
         a[i] = pack2(v.x * s.x, v.y * s.y, scalar_t());
     }
+#endif
     const unsigned w_unit = (((k0 >> 3) + ((lane >> 3) & 1)) ^ swz) << 4;
 #pragma unroll
     for (int p = 0; p < NT / 2; ++p) {
@@ -115,15 +120,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) norm_linear(
     const scalar_t* __restrict__ w, const scalar_t* __restrict__ bias, int rows, int k_dim, int inter,
     float eps) {
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ float row_ss[2][BM];  // the two k halves' sums of squares per tile row
+    __shared__ float row_ss[KSPLIT][BM];  // each k part's sums of squares per tile row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3;
-    const int wr = warp % 4, half = warp / 4;  // rows 16 wr.., k steps of parity `half`
+    const int wr = warp % 4, part = warp / 4;  // rows 16 wr.., k steps part, part + KSPLIT, ...
     const int row_bytes = k_dim * (int)sizeof(scalar_t), steps = k_dim / (16 * CHUNKS);
     const unsigned base = smem_addr(smem);
     const unsigned a_row = base + (16 * wr + (lane & 7) + 8 * ((lane >> 3) & 1)) * row_bytes;
     const unsigned w_row = base + (BM + (lane & 7) + 8 * (lane >> 4)) * row_bytes;
     const unsigned* g_pairs = reinterpret_cast<const unsigned*>(smem + (BM + WROWS) * row_bytes);
-    float* partial = reinterpret_cast<float*>(smem);  // the second half's sums, over the spent x tile
+    float* partial = reinterpret_cast<float*>(smem);  // parts 1..'s sums, over the spent x tile
 
     for (int m0 = 0; m0 < rows; m0 += BM) {
         const bool first = m0 == 0;
@@ -143,8 +148,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) norm_linear(
                 default: cp_async_wait<0>(); break;
             }
             __syncthreads();
-            for (int s = half; s < steps; s += 2)
+#ifndef PROBE_NO_MMA
+            for (int s = part; s < steps; s += KSPLIT)
                 k_step(acc, ss, a_row, w_row, row_bytes, g_pairs, 16 * (c * steps + s), lane);
+#endif
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // the row's sum over the quad's lanes (their k columns)
@@ -154,30 +161,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) norm_linear(
         __syncthreads();  // every warp is done with the x tile: the partial sums take its place
         const int r_lo = 16 * wr + gq;
         if (t == 0) {
-            row_ss[half][r_lo] = ss[0];
-            row_ss[half][r_lo + 8] = ss[1];
+            row_ss[part][r_lo] = ss[0];
+            row_ss[part][r_lo + 8] = ss[1];
         }
         // This thread's values: rows r_lo (+ 8), tile columns 8 j + 2 t (and + 1).
-        if (half == 1)
+        if (part > 0)
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    *reinterpret_cast<float2*>(partial + (r_lo + 8 * h) * WROWS + 8 * j + 2 * t) =
+                    *reinterpret_cast<float2*>(partial + ((part - 1) * BM + r_lo + 8 * h) * WROWS + 8 * j + 2 * t) =
                         make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
         __syncthreads();
-        if (half == 0) {
+        if (part == 0) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = r_lo + 8 * h;
                 if (m0 + r >= rows) continue;
-                const float rstd = rsqrtf((row_ss[0][r] + row_ss[1][r]) / k_dim + eps);
-                float p[NT][2];
+                float ss_row = row_ss[0][r], p[NT][2];
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    const float2 other = *reinterpret_cast<const float2*>(partial + r * WROWS + 8 * j + 2 * t);
-                    p[j][0] = (acc[j][2 * h] + other.x) * rstd;
-                    p[j][1] = (acc[j][2 * h + 1] + other.y) * rstd;
+                    p[j][0] = acc[j][2 * h];
+                    p[j][1] = acc[j][2 * h + 1];
+                }
+#pragma unroll
+                for (int q = 1; q < KSPLIT; ++q) {  // in part order
+                    ss_row += row_ss[q][r];
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const float2 other =
+                            *reinterpret_cast<const float2*>(partial + ((q - 1) * BM + r) * WROWS + 8 * j + 2 * t);
+                        p[j][0] += other.x;
+                        p[j][1] += other.y;
+                    }
+                }
+                const float rstd = rsqrtf(ss_row / k_dim + eps);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    p[j][0] *= rstd;
+                    p[j][1] *= rstd;
                 }
 #if SWIGLU
                 constexpr int HALF = WROWS / 2;
