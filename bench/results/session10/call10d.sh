@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# session 10, call 4: how fast one CTA per SM pulls a weight tile: cp.async vs the bulk-copy engine.
+# session 10, calls 4-5: how fast one CTA per SM pulls a weight tile: cp.async vs the bulk-copy engine; call 5:
+# with the shared-memory carveout raised (the script as committed after call 5).
 set -o pipefail
 export OUT=${OUT:-/tmp/out} PYTHONPATH=$PWD/src:$PWD/bench PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 mkdir -p $CUPY_CACHE_DIR; tar -xzf .carry/cupy_cache.tgz -C $CUPY_CACHE_DIR
