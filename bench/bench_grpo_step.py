@@ -1,6 +1,6 @@
 """Workload R1 (shared/WORKLOADS.md): one GRPO step on the Qwen3-0.6B architecture with random bf16 weights:
 8 prompts x 8 samples, 128-token prompts, 1,024-token completions (random weights almost never emit EOS), a
-cheap reward, then T1's training (64 sequences, micro-batches of 16, recomputation, AdamW).
+cheap reward, then T1's training (64 sequences, micro-batches of 16 unless --micro-batch, recomputation, AdamW).
 
 barerl's whole loop runs as a user would run it (`train_grpo`); the first step also compiles kernels and
 captures graphs, so the reported figure is the median of the later steps, split into generate / score /
@@ -44,7 +44,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
 
 
 def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False,
-        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True) -> dict:
+        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
@@ -63,10 +63,10 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
             for _ in range(8 * steps)]
     out = Path(tempfile.mkdtemp(prefix="r1-"))
     config = GRPOConfig(
-        output_dir=str(out), max_steps=steps, num_generations=8, per_device_train_batch_size=16,
-        gradient_accumulation_steps=4, max_prompt_length=prompt_len, max_completion_length=new_tokens,
+        output_dir=str(out), max_steps=steps, num_generations=8, per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=64 // micro_batch, max_prompt_length=prompt_len, max_completion_length=new_tokens,
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
-        max_tokens_per_microbatch=16 * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
+        max_tokens_per_microbatch=micro_batch * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
         log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer,
         gradient_checkpointing_keep=keep, batch_invariant=batch_invariant,
     )
@@ -81,7 +81,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
     system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "") + (
         f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "") + (
-        "" if batch_invariant else ", batch_invariant off")
+        "" if batch_invariant else ", batch_invariant off") + (
+        f", micro-batches of {micro_batch}" if micro_batch != 16 else "")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
               "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
               "mismatch_max": max(r["mismatch/max"] for r in timed),
@@ -106,10 +107,12 @@ def main() -> None:
     parser.add_argument("--keep", default="attention", metavar="OPS",
                         help="gradient_checkpointing_keep, comma-separated (e.g. attention,linear)")
     parser.add_argument("--batch-invariant", default="on", choices=("on", "off"), help="GRPO's batch_invariant")
+    parser.add_argument("--micro-batch", type=int, default=16, choices=(1, 2, 4, 8, 16, 32, 64),
+                        help="completions per micro-batch (the optimizer step still sees all 64)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, args.offload_optimizer,
-            tuple(args.keep.split(",")), args.batch_invariant == "on")
+            tuple(args.keep.split(",")), args.batch_invariant == "on", args.micro_batch)
     print(f"R1 {r['system']}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, "
           f"score {r['time/score']:.3f}, "
           f"train {r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, "
