@@ -46,13 +46,6 @@ def test_paged_attention_pipelines_compile(unroll: int, stages: int) -> None:
 
 
 @needs_nvcc
-@pytest.mark.parametrize("defines", [{"WROWS": 16}, {"WROWS": 48, "SWIGLU": 1}, {"WROWS": 64, "SWIGLU": 1}])
-def test_norm_linear_tiles_compile(defines: dict) -> None:
-    """The weight-tile heights the launcher picks (norm_linear.py), plain and with the SwiGLU epilogue."""
-    nvcc_compile_check("norm_linear.cu", 90, {"DTYPE": "__nv_bfloat16", **defines})
-
-
-@needs_nvcc
 def test_paged_attention_ring_past_static_shared_memory_is_refused() -> None:
     with pytest.raises(KernelBuildError, match="exceed 48 KB of static shared memory"):
         nvcc_compile_check("paged_attention.cu", 90, {"DTYPE": "__nv_bfloat16", "UNROLL": 4, "STAGES": 3})

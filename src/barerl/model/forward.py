@@ -52,35 +52,24 @@ def split_heads(cfg: ModelConfig, qkv):
 
 
 def layer_forward(
-    ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, keep: bool = False, rotate=None,
-    fuse_norms: bool = False,
+    ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, keep: bool = False, rotate=None
 ):
     """x (T, C) -> x_out (T, C); with keep=True also returns the LayerActivations for backward.
-    `rotate` (default ops.qk_norm_rope) takes qk_norm_rope's arguments and returns what it returns.
-    `fuse_norms` (inference: nothing kept) takes each norm with the product after it, and the SwiGLU with
-    gate_up (ops.rmsnorm_linear*: one kernel each where the GPU backend can; equal up to rounding)."""
-    if keep and fuse_norms:
-        raise ValueError("layer_forward: fuse_norms computes no norm outputs for a backward to keep")
-    T, eps = x.shape[0], cfg.rms_norm_eps
+    `rotate` (default ops.qk_norm_rope) takes qk_norm_rope's arguments and returns what it returns."""
+    T = x.shape[0]
     rotate = ops.qk_norm_rope if rotate is None else rotate
-    if fuse_norms:
-        qkv = ops.rmsnorm_linear(x, w.input_norm, eps, w.qkv, w.qkv_bias)
-    else:
-        h1, rstd1 = ops.rmsnorm(x, w.input_norm, eps)
-        qkv = ops.linear(h1, w.qkv, w.qkv_bias)
+    h1, rstd1 = ops.rmsnorm(x, w.input_norm, cfg.rms_norm_eps)
+    qkv = ops.linear(h1, w.qkv, w.qkv_bias)
     qkv_rot, q_rstd, k_rstd = rotate(
         qkv, rope.positions, rope.cos, rope.sin, cfg.num_attention_heads, cfg.num_key_value_heads,
-        w.q_norm, w.k_norm, eps,
+        w.q_norm, w.k_norm, cfg.rms_norm_eps,
     )
     q, k, v = split_heads(cfg, qkv_rot)
     o, lse = attend(q, k, v)
     x_mid = ops.linear(o.reshape(T, cfg.q_size), w.o_proj, residual=x)
-    if fuse_norms:
-        act = ops.rmsnorm_linear_swiglu(x_mid, w.post_norm, eps, w.gate_up)
-    else:
-        h2, rstd2 = ops.rmsnorm(x_mid, w.post_norm, eps)
-        gate_up = ops.linear(h2, w.gate_up)
-        act = ops.swiglu(gate_up)
+    h2, rstd2 = ops.rmsnorm(x_mid, w.post_norm, cfg.rms_norm_eps)
+    gate_up = ops.linear(h2, w.gate_up)
+    act = ops.swiglu(gate_up)
     x_out = ops.linear(act, w.down, residual=x_mid)
     if not keep:
         return x_out, None

@@ -169,8 +169,7 @@ class Model:
                                  self.attention_scale)
                 return xp.concatenate([o_cached, o_fresh]), None
 
-            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store,
-                                 fuse_norms=not self.batch_invariant)  # the trainer's path rounds unfused
+            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
         last = x if decode else x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)

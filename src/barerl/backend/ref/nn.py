@@ -40,8 +40,6 @@ __all__ = [
     "qk_norm_rope_store",
     "rmsnorm",
     "rmsnorm_backward",
-    "rmsnorm_linear",
-    "rmsnorm_linear_swiglu",
     "set_batch_invariant",
     "store_kv",
     "swiglu",
@@ -378,20 +376,6 @@ def swiglu_backward(da, gate_up):
     silu = gate * sig
     dgate = daf * up * sig * (1.0 + gate * (1.0 - sig))
     return xp.concatenate([dgate, daf * silu], axis=1).astype(gate_up.dtype, copy=False)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# A decode step's norm with the product after it (one kernel on the GPU where the shape allows)
-
-
-def rmsnorm_linear(x, norm_w, eps, w, bias=None):
-    """linear(rmsnorm(x, norm_w, eps)[0], w, bias): x (T, K), w (N, K) -> (T, N)."""
-    return linear(rmsnorm(x, norm_w, eps)[0], w, bias)
-
-
-def rmsnorm_linear_swiglu(x, norm_w, eps, w):
-    """swiglu(linear(rmsnorm(x, norm_w, eps)[0], w)): x (T, K), w (2I, K) = [gate; up] -> (T, I)."""
-    return swiglu(linear(rmsnorm(x, norm_w, eps)[0], w))
 
 
 # ---------------------------------------------------------------------------------------------------------
