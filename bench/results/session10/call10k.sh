@@ -3,12 +3,7 @@
 # kernels with row-ordered loads (norm_linear) and the long-K cluster kernel (linear_split): their GPU tests,
 # the model and engine GPU tests that take them, cold timings against what they replace, G1 / G2 with both, with
 # each alone and with neither, in one call.
-set -o pipefail
-export OUT=${OUT:-/tmp/out} PYTHONPATH=$PWD/src:$PWD/bench PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
-mkdir -p $CUPY_CACHE_DIR $HOME/.cache/barerl
-tar -xzf .carry/cupy_cache.tgz -C $CUPY_CACHE_DIR; cp .carry/cublaslt-*.json $HOME/.cache/barerl/
-L=$OUT/logs; rm -rf $L; mkdir -p $L
-t() { local s=$SECONDS; echo "=== $1 ($(date -u +%T))"; shift; timeout "$@"; echo "--- rc=$? $((SECONDS - s)) s"; }
+source bench/device_call.sh
 t tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_norm_linear.py \
   tests/kernels/test_linear_split.py tests/kernels/test_linear.py tests/kernels/test_model_gpu.py \
   tests/engine/test_cuda_graph_runner.py > $L/tests.log 2>&1; tail -12 $L/tests.log
@@ -19,5 +14,4 @@ t gen_no_split 80 python3 bench/with_settings.py barerl.kernels.linear_split.MAX
 t gen_no_norm 80 python3 bench/with_settings.py barerl.kernels.norm_linear.MAX_ROWS=0 -- $G --csv $L/gen_no_norm.csv > $L/gen_no_norm.log 2>&1; grep -E "^G. barerl:|Error" $L/gen_no_norm.log
 t gen_neither 80 python3 bench/with_settings.py barerl.kernels.norm_linear.MAX_ROWS=0 barerl.kernels.linear_split.MAX_ROWS=0 -- $G --csv $L/gen_neither.csv > $L/gen_neither.log 2>&1; grep -E "^G. barerl:|Error" $L/gen_neither.log
 t profile 60 python3 bench/profile_decode.py > $L/profile.log 2>&1; sed -n 1,16p $L/profile.log
-tar -czf $OUT/cupy_cache.tgz -C $CUPY_CACHE_DIR .
-tar -czf $OUT/logs.tgz -C $OUT logs
+finish
