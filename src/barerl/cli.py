@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     sub = argparse.ArgumentParser(prog=f"barerl {name}", description=COMMANDS[name][1])
     module.add_arguments(sub, name) if _takes_command(module) else module.add_arguments(sub)
-    args = sub.parse_args(argv[1:])
+    args = sub.parse_args(spelled_as_declared(sub, argv[1:]))
     args.command = name
     try:
         return int(module.run(args) or 0)
@@ -56,6 +56,24 @@ def main(argv: list[str] | None = None) -> int:
         # Our errors name the file and the field; a traceback would only bury that.
         print(f"barerl {name}: error: {e}", file=sys.stderr)
         return 1
+
+
+def spelled_as_declared(parser: argparse.ArgumentParser, tokens: list[str]) -> list[str]:
+    """Option tokens in the spelling the parser declares, so that `--output-dir` and `--output_dir` (and
+    `--prompts_file` for `--prompts-file`) name the same option, as in Hugging Face's argument parsers."""
+    declared = set(parser._option_string_actions)
+    out = list(tokens)
+    for i, token in enumerate(tokens):
+        if token == "--":  # the rest are values
+            break
+        flag, eq, value = token.partition("=")
+        if not flag.startswith("--") or flag in declared:
+            continue
+        for other in ("--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")):
+            if other in declared:
+                out[i] = other + eq + value
+                break
+    return out
 
 
 def _takes_command(module) -> bool:
