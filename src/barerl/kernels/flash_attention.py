@@ -13,7 +13,7 @@ import numpy as np
 
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require
+from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require, reserve_shared_memory
 from barerl.kernels.paged_attention import paged_attention, paged_inputs
 
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
@@ -65,11 +65,6 @@ def _strides(*arrays):
     return tuple(np.int64(a.strides[0] // a.dtype.itemsize) for a in arrays)
 
 
-def _smem(kernel, nbytes: int) -> int:
-    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, nbytes)
-    return nbytes
-
-
 def attention(q, k, v, cu_seqlens, scale):
     """Causal softmax(q k^T * scale) v within each sequence: o (T, H, D) in q's dtype, lse (H, T) fp32."""
     import cupy
@@ -87,7 +82,7 @@ def attention(q, k, v, cu_seqlens, scale):
     lse = cupy.empty((H, T), np.float32)
     if T:
         block_m = 16 * CONFIG["fwd_mt"] * CONFIG["fwd_warps"]
-        smem = _smem(kernel, (block_m + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
+        smem = reserve_shared_memory(kernel, (block_m + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
         kernel(
             (-(-T // block_m) + num_seqs, H),
             (32 * CONFIG["fwd_warps"],),
@@ -132,7 +127,7 @@ def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, c
         return out
     S, max_blocks = block_tables.shape
     kernel = load_kernel("flash_attention.cu", "paged_attention_invariant", _defines(q.dtype, D))
-    smem = _smem(kernel, (16 + 3 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)  # Q, a ring of 3 K/V tiles
+    smem = reserve_shared_memory(kernel, (16 + 3 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)  # Q, a ring of 3 K/V tiles
     kernel((K, T), (32,),
            (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, i32(S), i32(H), i32(K),
             i32(block_size), i32(max_blocks), i32(T == S), np.int64(q_stride), np.float32(scale * _LOG2E)),
@@ -168,7 +163,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
         (delta, do, o, np.int32(T), np.int32(H)),
     )
     item, block_n = q.dtype.itemsize, 16 * CONFIG["bwd_warps"]
-    smem = _smem(
+    smem = reserve_shared_memory(
         kernel,
         (2 * block_n + 4 * _BWD_BM) * (D + 8) * item + block_n * (_BWD_BM + 8) * item + 4 * _BWD_BM * 4,
     )

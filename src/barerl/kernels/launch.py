@@ -44,6 +44,18 @@ def finish_accumulation(dw, acc) -> None:
         dw[...] = (dw.astype(np.float32) + acc).astype(dw.dtype)
 
 
+_shared_memory_limits: dict[int, int] = {}  # id(kernel) -> dynamic shared-memory bytes it may take
+
+
+def reserve_shared_memory(kernel, nbytes: int) -> int:
+    """nbytes, after raising the kernel's dynamic shared-memory limit to at least that (a driver call, made only
+    when the limit grows: one limit serves every smaller launch)."""
+    if nbytes > _shared_memory_limits.get(id(kernel), 0):
+        kernel.max_dynamic_shared_size_bytes = nbytes
+        _shared_memory_limits[id(kernel)] = nbytes
+    return nbytes
+
+
 _multiprocessors: dict[int, int] = {}
 
 

@@ -11,6 +11,7 @@ from barerl.kernels.launch import (
     fp32_accumulator,
     multiprocessors,
     require,
+    reserve_shared_memory,
 )
 
 _ROWS_PER_BLOCK = 4
@@ -58,9 +59,7 @@ def rmsnorm_backward(dy, x, w, rstd, dw):
     acc = fp32_accumulator(dw)
     if rows:
         kernel = load_kernel("rmsnorm.cu", "rmsnorm_backward", {"DTYPE": ctype(x.dtype)})
-        smem = _ROWS_PER_BLOCK * cols * 4
-        if smem > 48 * 1024:
-            kernel.max_dynamic_shared_size_bytes = smem
+        smem = reserve_shared_memory(kernel, _ROWS_PER_BLOCK * cols * 4)
         kernel(
             (_grid(rows, 16),),
             (32 * _ROWS_PER_BLOCK,),  # fewer blocks: fewer dw atomics
