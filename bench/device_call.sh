@@ -8,6 +8,6 @@ mkdir -p "$CUPY_CACHE_DIR" "$HOME/.cache/barerl"
 [ -f .carry/cupy_cache.tgz ] && tar -xzf .carry/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
 cp .carry/cublaslt-*.json "$HOME/.cache/barerl/" 2>/dev/null
 L=$OUT/logs; rm -rf "$L"; mkdir -p "$L"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git log --oneline -1; date -u; } > "$L/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; date -u; } > "$L/gpu.txt"  # the commit: in RESULTS (the copy's git metadata lags)
 t() { local s=$SECONDS; echo "=== $1 ($(date -u +%T))"; shift; timeout "$@"; echo "--- rc=$? $((SECONDS - s)) s"; }
 finish() { tar -czf "$OUT/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" .; tar -czf "$OUT/logs.tgz" -C "$OUT" logs; }
