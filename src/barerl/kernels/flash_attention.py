@@ -127,7 +127,8 @@ def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, c
         return out
     S, max_blocks = block_tables.shape
     kernel = load_kernel("flash_attention.cu", "paged_attention_invariant", _defines(q.dtype, D))
-    smem = reserve_shared_memory(kernel, (16 + 3 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)  # Q, a ring of 3 K/V tiles
+    # Q and a ring of 3 K/V tiles
+    smem = reserve_shared_memory(kernel, (16 + 3 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
     kernel((K, T), (32,),
            (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, i32(S), i32(H), i32(K),
             i32(block_size), i32(max_blocks), i32(T == S), np.int64(q_stride), np.float32(scale * _LOG2E)),

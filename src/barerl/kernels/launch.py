@@ -44,15 +44,22 @@ def finish_accumulation(dw, acc) -> None:
         dw[...] = (dw.astype(np.float32) + acc).astype(dw.dtype)
 
 
-_shared_memory_limits: dict[int, int] = {}  # id(kernel) -> dynamic shared-memory bytes it may take
+def current_device() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+_shared_memory_limits: dict[tuple[int, int], int] = {}  # (device, id(kernel)) -> dynamic shared-memory bytes
 
 
 def reserve_shared_memory(kernel, nbytes: int) -> int:
-    """nbytes, after raising the kernel's dynamic shared-memory limit to at least that (a driver call, made only
-    when the limit grows: one limit serves every smaller launch)."""
-    if nbytes > _shared_memory_limits.get(id(kernel), 0):
+    """nbytes, after raising the kernel's dynamic shared-memory limit on the current device to at least that
+    (a driver call, made only when the limit grows: one limit serves every smaller launch)."""
+    key = (current_device(), id(kernel))
+    if nbytes > _shared_memory_limits.get(key, 0):
         kernel.max_dynamic_shared_size_bytes = nbytes
-        _shared_memory_limits[id(kernel)] = nbytes
+        _shared_memory_limits[key] = nbytes
     return nbytes
 
 
@@ -63,7 +70,7 @@ def multiprocessors() -> int:
     """SM count of the current device, cached: `Device().attributes` queries every attribute (tens of us)."""
     import cupy
 
-    device = cupy.cuda.runtime.getDevice()
+    device = current_device()
     if device not in _multiprocessors:
         _multiprocessors[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
     return _multiprocessors[device]
