@@ -15,8 +15,12 @@ algorithm (the split-K versions chosen that way slowed G1 and G2 on the H200). T
 copies of b (cuBLASLt's A: the weight of a linear layer) that together span `_COLD_BYTES`, several times the
 L2, so each launch streams its weight from HBM as in a decode step; the copies are freed right after.
 `_TUNE_DECODE = False` keeps the heuristic's first pick for them instead (and ignores their recorded
-choices). An in-place accumulation (c is out, beta != 0) of decode size always takes the first pick: split-K
-algorithms summed wrongly in place there (weight gradients, H200). Choices persist in a JSON file per GPU
+choices). The heuristic sizes its proposals for many rows, so a decode product's fastest candidate is then the
+start of a search (`_SEARCH_DECODE`): one attribute at a time (tile with stages, split-K parts with reduction
+scheme, cluster shape, CTA swizzle), every value cuBLASLt accepts (cublasLtMatmulAlgoCheck) is timed cold the
+same way and the fastest is kept, two rounds over the attributes. Every timed algorithm's output must match the
+first pick's (a wrong configuration is never kept). An in-place accumulation (c is out, beta != 0) of decode
+size always takes the first pick: split-K algorithms summed wrongly in place there (weight gradients, H200). Choices persist in a JSON file per GPU
 and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
 product captured before its class is tuned takes the heuristic's first pick.
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -62,6 +67,7 @@ _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _ALGO_CONFIG = {"id": (0, 4), "tile": (1, 4), "splitk": (2, 4), "reduction": (3, 4), "swizzle": (4, 4),
                 "custom": (5, 4), "stages": (6, 4), "inner_shape": (7, 2), "cluster_shape": (8, 2)}
 _PREF_MAX_WORKSPACE, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # alignment of A, B, C, D in bytes
+_CAPS = (6, 13, 0, 1, 2)  # cublasLtMatmulAlgoCapAttributes_t: tile ids, stages ids, split-K, reductions, swizzle
 CANDIDATES = 16  # algorithms asked of the heuristic per plan
 _TUNE_MIN_ROWS = 256  # products of at most this many rows (decode) are timed cold (see the module docstring)
 _TUNE_DECODE = True  # False: decode-sized products keep the heuristic's first pick (A/B)
@@ -69,6 +75,11 @@ _DECODE_CANDIDATES = CANDIDATES  # the heuristic's first this many are timed for
 _COLD_BYTES = 256 << 20  # bytes of b one cold replay cycles through: five times the H200's 50 MB L2
 _COLD_MAX_COPIES = 128  # at most this many copies of b (a small b's product is short anyway)
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
+_SEARCH_DECODE = True  # decode-sized products also time configurations next to their fastest candidate
+_SEARCH_ROUNDS = 2  # passes over the attributes
+_SPLIT_PARTS = (1, 2, 3, 4, 6, 8, 12, 16)  # split-K parts a search tries (where the algorithm supports split-K)
+_CLUSTER_SHAPE_IDS = 21  # cublasLtClusterShape_t values a search tries: AUTO, 1x1x1 .. 7x1x1
+_AGREE = 1e-2  # a timed algorithm's output may differ from the first pick's by this much of its largest entry
 _TUNE_REPEATS = 10  # launches per timed graph replay
 _batch_invariant = False  # set_batch_invariant: only algorithms without split-K
 
@@ -105,6 +116,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cublasLtMatmulAlgoCheck": [p, p, p, p, p, p, p, p],
         "cublasLtMatmulAlgoConfigGetAttribute": [p, i, p, size, p],
         "cublasLtMatmulAlgoConfigSetAttribute": [p, i, p, size],
+        "cublasLtMatmulAlgoCapGetAttribute": [p, i, p, size, p],
         "cublasLtGetVersion": [],
     }
     for name, argtypes in signatures.items():
@@ -125,6 +137,7 @@ class _Plan:
     candidates: list  # HeuristicResult, the heuristic's order
     tuning_key: str  # the shape class: M, N and K rounded up to powers of two
     decode: bool  # at most _TUNE_MIN_ROWS rows: timed cold, or not at all
+    invariant: bool  # batch-invariant: split-free algorithms only
     chosen: object = None  # the algorithm in use once tuned (HeuristicResult)
 
 
@@ -168,10 +181,56 @@ class _Lt(LibraryHandle):
         timed = plan.candidates[:_DECODE_CANDIDATES] if plan.decode else plan.candidates
         times = [tune(candidate) for candidate in timed]
         best = int(np.argmin(times))
-        plan.chosen = timed[best if times[best] < (1 - _TUNE_MARGIN) * times[0] else 0]
+        fastest, fastest_time = timed[best], times[best]
+        if plan.decode and _SEARCH_DECODE:
+            fastest, fastest_time = self._search(plan, tune, fastest, fastest_time)
+        plan.chosen = fastest if fastest_time < (1 - _TUNE_MARGIN) * times[0] else timed[0]
         self.choices[plan.tuning_key] = bytes(plan.chosen.algo).hex()
         _write_json(self.choices_path, self.choices)
         return plan.chosen
+
+    def _search(self, plan: _Plan, tune, best, best_time: float) -> tuple[object, float]:
+        """The fastest algorithm found by changing one attribute of the best one so far at a time."""
+        seen = {bytes(candidate.algo) for candidate in plan.candidates}
+        for _ in range(_SEARCH_ROUNDS):
+            for axis in ("tile", "split", "cluster_shape", "swizzle"):
+                for variant in self._variants(plan, best, axis, seen):
+                    time = tune(variant)
+                    if time < best_time:
+                        best, best_time = variant, time
+        return best, best_time
+
+    def _variants(self, plan: _Plan, algorithm, axis: str, seen: set) -> list:
+        """`algorithm` with each accepted value of one attribute group, not in `seen` (which grows)."""
+        caps = self._caps(algorithm)
+        if axis == "tile":
+            names, values = ("tile", "stages"), [(t, s) for t in caps["tiles"] for s in caps["stages"]]
+        elif axis == "split":
+            parts = _SPLIT_PARTS if caps["splitk"] and not plan.invariant else (1,)
+            schemes = [bit for bit in (1, 2, 4) if caps["reduction_mask"] & bit]
+            names, values = ("splitk", "reduction"), [(1, 0)] + [(p, r) for p in parts[1:] for r in schemes]
+        elif axis == "cluster_shape":
+            names, values = ("cluster_shape",), [(c,) for c in range(_CLUSTER_SHAPE_IDS)]
+        else:
+            names, values = ("swizzle",), [(0,), (1,)] if caps["swizzle"] else []
+        made = (self._configured(plan.desc, plan.layouts, algorithm, dict(zip(names, value)), seen)
+                for value in values)
+        return [result for result in made if result is not None]
+
+    def _caps(self, algorithm) -> dict:
+        """What the algorithm's kernel family supports: tile and stages ids, split-K, reductions, swizzle."""
+        tiles, stages, splitk, reductions, swizzle = (self._cap(algorithm, attribute) for attribute in _CAPS)
+        return {"tiles": tiles, "stages": stages, "splitk": splitk[0], "reduction_mask": reductions[0],
+                "swizzle": swizzle[0]}
+
+    def _cap(self, algorithm, attribute: int) -> list[int]:
+        """A capability of the algorithm as uint32 words (one for a flag or a mask, one per id of a list)."""
+        get, size = self.lib.cublasLtMatmulAlgoCapGetAttribute, ctypes.c_size_t()
+        check(get(ctypes.byref(algorithm.algo), attribute, None, 0, ctypes.byref(size)), get.__name__)
+        words = (ctypes.c_uint32 * max(1, size.value // 4))()
+        check(get(ctypes.byref(algorithm.algo), attribute, words, ctypes.sizeof(words), ctypes.byref(size)),
+              get.__name__)
+        return list(words)
 
     def _checked(self, plan: _Plan, algo_bytes: bytes) -> object:
         """The recorded algorithm as a HeuristicResult if cuBLASLt accepts it for this exact plan, else the
@@ -213,7 +272,7 @@ class _Lt(LibraryHandle):
             raise CublasError(f"cuBLASLt has no {'split-free ' if invariant else ''}algorithm for {what}")
         key = _tuning_key(trans_a, trans_b, shapes, dtypes, has_bias, alignments)
         key += " invariant" if invariant else ""
-        return _Plan(desc, layouts, candidates, key, decode=m <= _TUNE_MIN_ROWS)
+        return _Plan(desc, layouts, candidates, key, decode=m <= _TUNE_MIN_ROWS, invariant=invariant)
 
     def _split_free(self, desc, layouts, candidates: list) -> list:
         """The candidates without split-K, else the candidates with their split-K parts set to 1 that
@@ -221,21 +280,27 @@ class _Lt(LibraryHandle):
         whole = [c for c in candidates if _config_of(self.lib, c)["splitk"] <= 1]
         if whole:
             return whole
-        made, seen = [], set()
-        for candidate in candidates:
-            result = HeuristicResult()
-            ctypes.memmove(result.algo, candidate.algo, ctypes.sizeof(result.algo))
-            for name, value in (("splitk", 1), ("reduction", 0)):
-                attribute, nbytes = _ALGO_CONFIG[name]
-                check(self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(result.algo), attribute,
-                                                                    ctypes.byref(ctypes.c_uint32(value)), nbytes),
-                      "cublasLtMatmulAlgoConfigSetAttribute")
-            status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
-                                                      ctypes.byref(result))
-            if status == 0 and result.workspace_size <= WORKSPACE_BYTES and bytes(result.algo) not in seen:
-                seen.add(bytes(result.algo))
-                made.append(result)
-        return made
+        seen: set = set()
+        made = (self._configured(desc, layouts, candidate, {"splitk": 1, "reduction": 0}, seen)
+                for candidate in candidates)
+        return [result for result in made if result is not None]
+
+    def _configured(self, desc, layouts, algorithm, settings: dict, seen: set):
+        """`algorithm` with its configuration attributes set as `settings` says, if cuBLASLt accepts that for
+        the product and it is not in `seen` (which it then joins), else None."""
+        result = HeuristicResult()
+        ctypes.memmove(result.algo, algorithm.algo, ctypes.sizeof(result.algo))
+        for name, value in settings.items():
+            attribute, nbytes = _ALGO_CONFIG[name]
+            check(self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(result.algo), attribute,
+                                                                ctypes.byref(ctypes.c_uint32(value)), nbytes),
+                  "cublasLtMatmulAlgoConfigSetAttribute")
+        status = self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, *layouts, ctypes.byref(result.algo),
+                                                  ctypes.byref(result))
+        if status != 0 or result.workspace_size > WORKSPACE_BYTES or bytes(result.algo) in seen:
+            return None
+        seen.add(bytes(result.algo))
+        return result
 
 
 def _size_class(n: int) -> int:
@@ -373,7 +438,12 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
         d_ptr = scratch["d"].data.ptr
         c_ptr = d_ptr if pointers[2] == pointers[3] else pointers[2]  # a separate c is only read
         b_ptrs = scratch["b"][1]
-        launch(choice, c_ptr, d_ptr)  # outside the graph first: a failing algorithm raises here
+        try:
+            launch(choice, c_ptr, d_ptr)  # outside the graph first: a failing algorithm raises here
+        except CublasError:
+            return math.inf
+        if plan.decode and c_ptr != d_ptr and not _agrees(scratch):
+            return math.inf
         side = cupy.cuda.Stream(non_blocking=True)
         side.wait_event(stream.record())
         side.begin_capture()
@@ -404,6 +474,20 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
             cupy.get_default_memory_pool().free_all_blocks()
     launch(choice, pointers[2], pointers[3])
     return out
+
+
+def _agrees(scratch: dict) -> bool:
+    """Whether the product just written to scratch["d"] matches the first timed one's (kept as the reference).
+    Decode-sized, out of place only: an in-place product's output depends on what the scratch held."""
+    import cupy
+
+    d = scratch["d"].astype(np.float32)
+    if "reference" not in scratch:
+        scratch["reference"] = d
+        return True
+    reference = scratch["reference"]
+    scale = float(cupy.abs(reference).max())
+    return bool(float(cupy.abs(d - reference).max()) <= _AGREE * scale)  # False on a NaN
 
 
 def _cold_copies(b, stream) -> tuple[object, list[int]]:
