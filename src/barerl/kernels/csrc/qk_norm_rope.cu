@@ -116,10 +116,15 @@ extern "C" __global__ void qk_norm_rope_forward(
     for (long long item = blockIdx.x * WARPS + (threadIdx.x >> 5); item < items; item += gridDim.x * WARPS) {
         const int t = (int)(item / heads), h = (int)(item % heads);
         const long long offset = item * HEAD_DIM;  // row t, head h
-        Head x = load_head(qkv + offset, lane);
-        if (h < num_heads + num_kv_heads) {
-            const bool is_q = h < num_heads;
-            const scalar_t* w = is_q ? q_norm : k_norm;
+        const bool rotated = h < num_heads + num_kv_heads, is_q = h < num_heads;
+        const scalar_t* w = is_q ? q_norm : k_norm;
+        // every load before any math: the head, its norm weight, its rotation and its cache slot travel together
+        Head x = load_head(qkv + offset, lane), weight;
+        if (rotated && w != nullptr) weight = load_head(w, lane);
+        float c[PER], s[PER];
+        if (rotated) load_rotation(cos_table, sin_table, positions[t], lane, c, s);
+        const int slot = k_cache != nullptr && !is_q ? slot_mapping[t] : -1;
+        if (rotated) {
             if (w != nullptr) {
                 const float r = head_rstd(x, eps);
                 if (lane == 0) {
@@ -128,12 +133,10 @@ extern "C" __global__ void qk_norm_rope_forward(
                 }
 #pragma unroll
                 for (int j = 0; j < PER; ++j) {
-                    x.lo[j] *= r * to_float(w[lane * PER + j]);
-                    x.hi[j] *= r * to_float(w[HALF + lane * PER + j]);
+                    x.lo[j] *= r * weight.lo[j];
+                    x.hi[j] *= r * weight.hi[j];
                 }
             }
-            float c[PER], s[PER];
-            load_rotation(cos_table, sin_table, positions[t], lane, c, s);
 #pragma unroll
             for (int j = 0; j < PER; ++j) {
                 const float lo = x.lo[j], hi = x.hi[j];
@@ -142,8 +145,7 @@ extern "C" __global__ void qk_norm_rope_forward(
             }
         }
         store_head(out + offset, x, lane);
-        if (k_cache != nullptr && h >= num_heads)
-            store_cache_head(k_cache, v_cache, slot_mapping[t], x, h - num_heads, num_kv_heads, lane);
+        if (k_cache != nullptr && !is_q) store_cache_head(k_cache, v_cache, slot, x, h - num_heads, num_kv_heads, lane);
     }
 }
 

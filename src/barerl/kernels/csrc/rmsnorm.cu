@@ -7,7 +7,7 @@
 //          dw (C,) fp32, accumulated (the caller zeroes it once per optimizer step).
 // Launch:  one warp per row, ROWS_PER_BLOCK (4) warps per block, grid-stride over rows; 16-byte accesses.
 //          Rows of up to 32 * VEC * MAX_VECS elements (1024 bf16 with the default 4) are held in registers:
-//          all of a lane's loads are issued at once and the row is read once. Longer rows take a loop whose
+//          all of a lane's loads (its x and w vectors) are issued at once and the row is read once. Longer rows take a loop whose
 //          second pass re-reads the row from L1/L2.
 //          Backward: each warp adds its rows' dy * xhat into its own slice of dynamic shared memory
 //          (ROWS_PER_BLOCK * C fp32), then the block sums the slices and adds them to dw with one atomicAdd
@@ -35,8 +35,9 @@ extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __re
     const int warp = threadIdx.x >> 5;
     if (cols <= 32 * VEC * MAX_VECS) {
         for (int row = blockIdx.x * ROWS_PER_BLOCK + warp; row < rows; row += gridDim.x * ROWS_PER_BLOCK) {
-            float v[MAX_VECS][VEC];
+            float v[MAX_VECS][VEC], wv[MAX_VECS][VEC];
             load_row(v, x + (long long)row * cols, cols, lane);
+            load_row(wv, w, cols, lane);  // with x's loads: no second round trip after the reduction
             float ss = 0.0f;
 #pragma unroll
             for (int i = 0; i < MAX_VECS; ++i)
@@ -48,10 +49,8 @@ extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __re
             for (int i = 0; i < MAX_VECS; ++i) {
                 const int c = (lane + 32 * i) * VEC;
                 if (c >= cols) continue;
-                float wv[VEC];
-                load_vec(w + c, wv);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) v[i][k] *= rstd * wv[k];
+                for (int k = 0; k < VEC; ++k) v[i][k] *= rstd * wv[i][k];
                 store_vec(y + (long long)row * cols + c, v[i]);
             }
         }
