@@ -4,6 +4,7 @@
 # warm machine minutes after call 4's B runs.
 source bench/device_call.sh
 C=src/barerl/kernels/csrc
+git cat-file -e 4423a96 || { echo "4423a96 is not in this copy's git"; exit 1; }
 for f in sampling.cu paged_attention.cu; do git show 4423a96:$C/$f > $C/$f; done; git diff --stat -- $C | tail -1
 t kernels_a 90 python3 bench/bench_decode_kernels.py --csv $L/kernels_a.csv > $L/kernels_a.log 2>&1
 grep -E "^decode G1: 64 seqs x 640 ctx  |^decode G2|^sample (64|256) x 151936 (temperature 1|top-k 50) " $L/kernels_a.log
