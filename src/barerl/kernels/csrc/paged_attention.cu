@@ -63,13 +63,11 @@ __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
     for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
 }
 
-// Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice,
-// or 0 for a token at or past `end`. The block number is read for any j inside the table's row, so that the
-// first round's lookups need not wait for context_lens (the entry of a block not yet allocated goes unused).
-__device__ __forceinline__ long long row_offset(const int* table, int j, int end, int block_size, int max_blocks,
-                                                int num_kv_heads, int kvh, int lane) {
-    const long long phys = j / block_size < max_blocks ? table[j / block_size] : 0;
-    return j < end ? ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC : 0;
+// Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice.
+__device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads,
+                                                int kvh, int lane) {
+    const long long phys = table[j / block_size];
+    return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
 }
 
 // One round of a token group's online softmax: the UNROLL tokens base + u NTG + tg (their K and V slices in
@@ -164,17 +162,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int j = base + u * NTG + tg;
-            const long long row = row_offset(table, j, end, block_size, max_blocks, num_kv_heads, kvh, lane);
+            const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
             cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
             cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (split == 0) request(i * ROUND, i);  // start = 0, written so: its lookups need not wait for context_lens
-        else request(start + i * ROUND, i);
-    }
+    for (int i = 0; i < STAGES - 1; ++i) request(start + i * ROUND, i);
     int slot = 0;
     for (int base = start; base < end; base += ROUND) {
         request(base + (STAGES - 1) * ROUND, (slot + STAGES - 1) % STAGES);

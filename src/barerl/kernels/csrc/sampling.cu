@@ -400,19 +400,8 @@ __device__ __forceinline__ float kept_mass(float x, const RowSetup& r, u64& mass
     return kept ? p : 0.0f;
 }
 
-// This thread's logits of a chunk (tokens first, first + CHUNK_THREADS, ... below end) in registers, every load
-// issued at once: a pass over the chunk then waits for one memory round trip, not one per loaded group.
-__device__ __forceinline__ void load_chunk(float (&x)[CHUNK_PER_THREAD], const float* row, int first, int end) {
-#pragma unroll
-    for (int i = 0; i < CHUNK_PER_THREAD; ++i) {
-        const int v = first + i * CHUNK_THREADS;
-        x[i] = v < end ? row[v] : NEG_INF;
-    }
-}
-
-// 6 CTAs per SM (40 registers: the chunk's 16 logits a thread holds; 8 CTAs at 32 spilled 104 bytes): the pass
-// that reads every row.
-extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 6) sample_chunk_max(
+// 8 CTAs per SM (32 registers) as before the select moved in: this is the pass that reads every row.
+extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 8) sample_chunk_max(
         const float* __restrict__ logits, const float* __restrict__ temperature,
         const int* __restrict__ top_k, const float* __restrict__ top_p, float* __restrict__ part_max,
         int* __restrict__ part_index, unsigned int* __restrict__ cand, u64* __restrict__ row_hists,
@@ -422,11 +411,7 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 6) sample_chunk_max(
     const int first = c * CHUNK + threadIdx.x, end = min(vocab, (c + 1) * CHUNK);
     // better() sends a tie with the initial -inf to the token, so a row of -inf only still gets index 0
     Candidate best = {NEG_INF, 0x7fffffff};
-    float x[CHUNK_PER_THREAD];
-    load_chunk(x, row, first, end);
-#pragma unroll
-    for (int i = 0; i < CHUNK_PER_THREAD; ++i)
-        if (first + i * CHUNK_THREADS < end) best = better(best, {x[i], first + i * CHUNK_THREADS});
+    for (int v = first; v < end; v += CHUNK_THREADS) best = better(best, {row[v], v});
     __shared__ float scores[CHUNK_THREADS / 32];
     __shared__ int indices[CHUNK_THREADS / 32];
     best = warp_best(best);
@@ -525,18 +510,14 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
         int vocab) {
     const int c = blockIdx.x, b = blockIdx.y, num_chunks = gridDim.x;
     const long long base = (long long)b * num_chunks;
-    const float* row = logits + (long long)b * vocab;
-    const int first = c * CHUNK + threadIdx.x, end = min(vocab, (c + 1) * CHUNK);
-    float x[CHUNK_PER_THREAD];
-    load_chunk(x, row, first, end);  // in flight while the row's maximum is merged
     const RowSetup r = row_setup(temperature, min_p, thr, merged_max_logit(part_max + base, num_chunks), b);
+    const float* row = logits + (long long)b * vocab;
     u64 mass = 0;
     float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CHUNK_PER_THREAD; ++i) {
-        if (first + i * CHUNK_THREADS >= end) break;
+    const int end = min(vocab, (c + 1) * CHUNK);
+    for (int v = c * CHUNK + threadIdx.x; v < end; v += CHUNK_THREADS) {
         u64 w;
-        s += kept_mass(x[i], r, w);
+        s += kept_mass(row[v], r, w);
         mass += w;
     }
     s = block_sum(s);
