@@ -20,9 +20,10 @@ start of a search (`_SEARCH_DECODE`): one attribute at a time (tile with stages,
 scheme, cluster shape, CTA swizzle), every value cuBLASLt accepts (cublasLtMatmulAlgoCheck) is timed cold the
 same way and the fastest is kept, two rounds over the attributes. Every timed algorithm's output must match the
 first pick's (a wrong configuration is never kept). An in-place accumulation (c is out, beta != 0) of decode
-size always takes the first pick: split-K algorithms summed wrongly in place there (weight gradients, H200). Choices persist in a JSON file per GPU
-and library version (CACHE_DIR), so a rerun on the machine picks the same algorithms: the same numbers. A
-product captured before its class is tuned takes the heuristic's first pick.
+size always takes the first pick: split-K algorithms summed wrongly in place there (weight gradients, H200).
+Choices persist in a JSON file per GPU and library version (CACHE_DIR), so a rerun on the machine picks the
+same algorithms: the same numbers. A product captured before its class is tuned takes the heuristic's first
+pick.
 
 Batch invariance (`set_batch_invariant(True)`): a row of a product then has the same bits whatever the
 number of rows around it, so the engine's decode products (a few rows) and the trainer's (thousands) agree.
