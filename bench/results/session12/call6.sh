@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# cp.async with an L2 prefetch-size hint (.L2::128B / .L2::256B) in paged attention's KV loads: a probe with
+# the last ~2 minutes of the budget (attention timings only; both forms are the same arithmetic).
+source bench/device_call.sh
+P="python3 bench/results/session12/l2_hint_probe.py"
+M=src/barerl/kernels/csrc/mma.cuh
+$P plain
+for hint in 128B 256B; do
+  sed -i "s|cp.async.cg.shared.global\(.L2::[0-9]*B\)\? \[|cp.async.cg.shared.global.L2::$hint [|" $M; grep -c "L2::$hint" $M
+  $P L2::$hint
+done
+finish
