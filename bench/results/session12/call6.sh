@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# NOT RUN in session 12 (no device time left to start a machine). cp.async with an L2 prefetch-size hint (.L2::128B / .L2::256B) in paged attention's KV loads: a probe with
-# the last ~2 minutes of the budget (attention timings only; both forms are the same arithmetic).
+# Not run in session 12: no device time was left to start a machine. cp.async with an L2 prefetch-size hint
+# (.L2::128B / .L2::256B) in paged attention's KV loads, against none: attention timings only (the same
+# arithmetic in every form).
 source bench/device_call.sh
 P="python3 bench/results/session12/l2_hint_probe.py"
 M=src/barerl/kernels/csrc/mma.cuh
