@@ -48,7 +48,7 @@ def test_decode_plans_time_their_first_candidates_only(tmp_path, monkeypatch, de
     from barerl.kernels import cublaslt
 
     monkeypatch.setattr(cublaslt, "_DECODE_CANDIDATES", 3)
-    monkeypatch.setattr(cublaslt, "_SEARCH_DECODE", False)
+    monkeypatch.setattr(cublaslt, "_SEARCH_DECODE", not decode)  # on: a search would need the library it lacks
     plan, tune, timed = fake_plan([10.0, 9.0, 8.0, 1.0], decode)
     state = host_lt(tmp_path)
     chosen = state.algorithm(plan, tune)
