@@ -145,7 +145,8 @@ extern "C" __global__ void qk_norm_rope_forward(
             }
         }
         store_head(out + offset, x, lane);
-        if (k_cache != nullptr && !is_q) store_cache_head(k_cache, v_cache, slot, x, h - num_heads, num_kv_heads, lane);
+        if (k_cache != nullptr && !is_q)
+            store_cache_head(k_cache, v_cache, slot, x, h - num_heads, num_kv_heads, lane);
     }
 }
 

@@ -7,8 +7,8 @@
 //          dw (C,) fp32, accumulated (the caller zeroes it once per optimizer step).
 // Launch:  one warp per row, ROWS_PER_BLOCK (4) warps per block, grid-stride over rows; 16-byte accesses.
 //          Rows of up to 32 * VEC * MAX_VECS elements (1024 bf16 with the default 4) are held in registers:
-//          all of a lane's loads (its x and w vectors) are issued at once and the row is read once. Longer rows take a loop whose
-//          second pass re-reads the row from L1/L2.
+//          all of a lane's loads (its x and w vectors) are issued at once and the row is read once. Longer
+//          rows take a loop whose second pass re-reads the row from L1/L2.
 //          Backward: each warp adds its rows' dy * xhat into its own slice of dynamic shared memory
 //          (ROWS_PER_BLOCK * C fp32), then the block sums the slices and adds them to dw with one atomicAdd
 //          per column per block.
