@@ -49,12 +49,3 @@ def test_paged_attention_pipelines_compile(unroll: int, stages: int) -> None:
 def test_paged_attention_ring_past_static_shared_memory_is_refused() -> None:
     with pytest.raises(KernelBuildError, match="exceed 48 KB of static shared memory"):
         nvcc_compile_check("paged_attention.cu", 90, {"DTYPE": "__nv_bfloat16", "UNROLL": 4, "STAGES": 3})
-
-
-@needs_nvcc
-def test_sampling_row_shapes_compile() -> None:
-    """sample_plain_rows in the shapes its launcher picks: 1-4 chunks per CTA at 512 threads, 5-8 at 1024."""
-    shapes = [{"ROW_CHUNKS": 1, "ROW_THREADS": 512}, {"ROW_CHUNKS": 4, "ROW_THREADS": 512},
-              {"ROW_CHUNKS": 8, "ROW_THREADS": 1024}]
-    with ThreadPoolExecutor(len(shapes)) as pool:
-        list(pool.map(lambda shape: nvcc_compile_check("sampling.cu", 90, {"DTYPE": "float", **shape}), shapes))

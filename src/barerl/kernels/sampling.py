@@ -14,19 +14,15 @@ Design decisions:
   add shared-memory histograms to the row's, its last CTA picks the digit; top-k reads the row only in the
   maximum pass (each chunk keeps its own top-k candidates), top-p alone twice more. Rows without top-k or
   top-p return at once.
-- Rows that select nothing (greedy, or neither top-k nor top-p: G1 / G2 and most RL sampling) are read
-  once, not twice: `sample_plain_rows` gives each such row a cluster of 8 CTAs holding it in registers, whose
-  maxima meet through distributed shared memory before the masses are summed (sm_90; V up to 8 x 8 chunks).
-  The chunk passes then skip those rows.
 - Every per-row setting is a device array and every launch's shape depends only on (B, V): the memset of
-  the select scratch and the six launches can be captured in a CUDA graph.
+  the select scratch and the five launches can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from barerl.kernels.build import compute_capability, load_kernel
+from barerl.kernels.build import load_kernel
 from barerl.kernels.launch import require
 
 _CHUNK, _BINS = 4096, 2048  # must equal CHUNK and BINS in sampling.cu
@@ -36,9 +32,6 @@ _ROW_SELECT_WORDS = 3  # sizeof(RowSelect) / 8 in sampling.cu
 # registers), since most of them return at once, while a pass over whole rows (top-p alone) keeps ~4 per SM
 _SELECT_CTAS = 512
 _MAX_VOCAB = 2**21  # fixed-point masses of 2^42 each sum exactly in u64 (and in the top-p histograms)
-_ROW_CTAS, _MAX_ROW_CHUNKS = 8, 8  # sample_plain_rows: a cluster of ROW_CTAS per row, chunks per CTA
-_PLAIN_WIDE_FROM = 5  # chunks per CTA from which sample_plain_rows runs 1024 threads (512 spill there)
-_PLAIN_ROWS = True  # False: every row takes the chunk passes (A/B switch for benchmarks)
 
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
@@ -71,18 +64,9 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
     if B == 0:
         return tokens, logprobs
     vocab = np.int32(V)
-    row_chunks = -(-chunks // _ROW_CTAS)
-    plain = _PLAIN_ROWS and row_chunks <= _MAX_ROW_CHUNKS and int(compute_capability()) >= 90
-    if plain:
-        defines = {"ROW_CHUNKS": row_chunks, "ROW_THREADS": 1024 if row_chunks >= _PLAIN_WIDE_FROM else 512}
-        load_kernel("sampling.cu", "sample_plain_rows", defines)(
-            (_ROW_CTAS, B), (defines["ROW_THREADS"],),
-            (logits, temperature, top_k, top_p, min_p, thr, part_max, part_index, part_mass, part_sum, vocab,
-             np.int32(chunks)))
     load_kernel("sampling.cu", "sample_chunk_max")(
         (chunks, B), (_CHUNK_THREADS,),
-        (logits, temperature, top_k, top_p, part_max, part_index, cand, row_hists, rows, thr, vocab,
-         np.int32(plain)))
+        (logits, temperature, top_k, top_p, part_max, part_index, cand, row_hists, rows, thr, vocab))
     select_ctas = min(chunks, -(-_SELECT_CTAS // B))  # per row
     for select_pass in (1, 2):
         load_kernel("sampling.cu", "sample_select")(
@@ -91,7 +75,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, counters):
              np.int32(select_pass)))
     load_kernel("sampling.cu", "sample_chunk_mass")(
         (chunks, B), (_CHUNK_THREADS,),
-        (logits, temperature, top_k, top_p, min_p, thr, part_max, part_mass, part_sum, vocab, np.int32(plain)))
+        (logits, temperature, min_p, thr, part_max, part_mass, part_sum, vocab))
     load_kernel("sampling.cu", "sample_finalize")(
         (B,), (_FINAL_THREADS,),
         (logits, temperature, min_p, thr, seeds, counters, part_max, part_index, part_mass, part_sum,

@@ -5,7 +5,7 @@
 //   target = floor(splitmix64(seed, counter) * total / 2^64) < total;
 //   token = the first v with mass_0 + ... + mass_v > target;  logprob = z_token - (m + log(sum of p_v)).
 // Why: the former Gumbel-max drew a 64-bit hash and took two logs per vocabulary element; here an element
-// costs a load, an IEEE division, one expf, a float -> u64 conversion and a few compares and adds (~40
+// costs a load, an IEEE division (none at T = 1), one expf, a float -> u64 conversion and a few compares and adds (~40
 // instructions in sample_chunk_mass, ~8 in sample_chunk_max), so the sampler runs near the speed of
 // reading the logits twice. Why fixed point: integer sums are exact in any order, so the chunks and trees
 // below pick the very same token as the reference, not merely a close one; only the fp32 sum of p behind the
@@ -37,11 +37,8 @@
 // low one's carry counted by the atomic that wraps it (a u64 shared atomic is a CAS loop); sums in any order
 // are exact, so thr has the same bits as the former one-CTA select's, whatever the order of the CTAs.
 //
-// Six launches after the launcher's memset of the select scratch (graph-capturable: every shape depends
+// Five launches after the launcher's memset of the select scratch (graph-capturable: every shape depends
 // only on (B, V), no host sync, per-row settings read on the device):
-// 0. sample_plain_rows (sm_90, V <= 8 x 8 chunks; else skipped and launches 1 and 4 take every row), grid
-//    (8, B) in clusters of 8: launches 1 and 4 in one read for the rows that do not select (below); 1 and 4
-//    then skip those rows.
 // 1. sample_chunk_max, grid (C, B), 256 threads: chunk c of row b (CHUNK tokens): the max raw logit and its
 //    lowest index. max(logits) / T is the row's max z (division by T > 0 is monotone, rounding included),
 //    which is also the max over the kept set; greedy rows take the index as their token. Top-k rows: the
@@ -98,11 +95,6 @@ __device__ __forceinline__ float key_value(unsigned int key) {
 }
 
 __device__ __forceinline__ bool has_top_k(int top_k, int vocab) { return top_k > 0 && top_k < vocab; }
-
-// Whether a row needs a truncation threshold (launches 2-3); the others keep every token.
-__device__ __forceinline__ bool selects(float t, int top_k, float top_p, int vocab) {
-    return t != 0.0f && (has_top_k(top_k, vocab) || top_p < 1.0f);
-}
 
 // The threshold's weight floor(expf(z - m) * 2^42): it truncates where the token's mass rounds, as the former
 // (u64)((double)p * 2^42) did; the same number, since p * 2^42 is exact in fp32. NaN weighs 0.
@@ -385,14 +377,14 @@ struct RowSetup {
 };
 
 __device__ __forceinline__ RowSetup row_setup(const float* temperature, const float* min_p,
-                                              unsigned int floor_key, float max_logit, int b) {
+                                              const unsigned int* thr, float max_logit, int b) {
     const float t = temperature[b];
     const bool greedy = t == 0.0f;
     RowSetup r;
     r.t = greedy ? 1.0f : t;
     r.min_p = greedy ? 0.0f : min_p[b];
     r.m = max_logit / r.t;
-    r.floor_key = floor_key;
+    r.floor_key = thr[b];
     return r;
 }
 
@@ -401,7 +393,7 @@ __device__ __forceinline__ RowSetup row_setup(const float* temperature, const fl
 // to even like rint. The min-p predicate reuses p: the reference's exp(z - z_max) is the same number. A NaN
 // p (z - m = -inf - -inf, a row without a finite maximum) weighs 0.
 __device__ __forceinline__ float kept_mass(float x, const RowSetup& r, u64& mass) {
-    const float z = r.t == 1.0f ? x : x / r.t;  // the same number; the division is the costliest step
+    const float z = r.t == 1.0f ? x : x / r.t;  // the same number: x / 1 is x, and the division is costly
     const float p = expf(z - r.m);
     const bool kept = order_key(z) >= r.floor_key && (r.min_p == 0.0f || p >= r.min_p);
     mass = kept && p > 0.0f ? __float2ull_rn(p * (float)MASS_SCALE) : 0ull;
@@ -413,12 +405,8 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 8) sample_chunk_max(
         const float* __restrict__ logits, const float* __restrict__ temperature,
         const int* __restrict__ top_k, const float* __restrict__ top_p, float* __restrict__ part_max,
         int* __restrict__ part_index, unsigned int* __restrict__ cand, u64* __restrict__ row_hists,
-        RowSelect* __restrict__ rows, unsigned int* __restrict__ thr, int vocab, int plain_rows_done) {
+        RowSelect* __restrict__ rows, unsigned int* __restrict__ thr, int vocab) {
     const int c = blockIdx.x, b = blockIdx.y;
-    const float t = temperature[b];
-    const int k = top_k[b];
-    const bool select = selects(t, k, top_p[b], vocab);
-    if (plain_rows_done && !select) return;  // block-uniform: sample_plain_rows has done this row
     const float* row = logits + (long long)b * vocab;
     const int first = c * CHUNK + threadIdx.x, end = min(vocab, (c + 1) * CHUNK);
     // better() sends a tie with the initial -inf to the token, so a row of -inf only still gets index 0
@@ -438,7 +426,9 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, 8) sample_chunk_max(
         part_max[out] = best.score;
         part_index[out] = best.index;
     }
-    if (!select) {  // keep all
+    const float t = temperature[b];
+    const int k = top_k[b];
+    if (t == 0.0f || !(has_top_k(k, vocab) || top_p[b] < 1.0f)) {  // no select: keep all
         if (c == 0 && threadIdx.x == 0) thr[b] = 0u;
         return;
     }
@@ -515,13 +505,12 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_select(
 
 extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
         const float* __restrict__ logits, const float* __restrict__ temperature,
-        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
-        const unsigned int* __restrict__ thr, const float* __restrict__ part_max, u64* __restrict__ part_mass,
-        float* __restrict__ part_sum, int vocab, int plain_rows_done) {
+        const float* __restrict__ min_p, const unsigned int* __restrict__ thr,
+        const float* __restrict__ part_max, u64* __restrict__ part_mass, float* __restrict__ part_sum,
+        int vocab) {
     const int c = blockIdx.x, b = blockIdx.y, num_chunks = gridDim.x;
-    if (plain_rows_done && !selects(temperature[b], top_k[b], top_p[b], vocab)) return;  // block-uniform
     const long long base = (long long)b * num_chunks;
-    const RowSetup r = row_setup(temperature, min_p, thr[b], merged_max_logit(part_max + base, num_chunks), b);
+    const RowSetup r = row_setup(temperature, min_p, thr, merged_max_logit(part_max + base, num_chunks), b);
     const float* row = logits + (long long)b * vocab;
     u64 mass = 0;
     float s = 0.0f;
@@ -538,149 +527,6 @@ extern "C" __global__ void __launch_bounds__(CHUNK_THREADS) sample_chunk_mass(
         part_mass[base + c] = chunk_mass;
         part_sum[base + c] = s;
     }
-}
-
-// ------------------------------------------------------------------------------------------------------
-// sample_plain_rows: launches 1 and 4 at once for the rows that select nothing (greedy rows, and rows with
-// neither top-k nor top-p; min-p needs no threshold), so that their logits are read once instead of twice. A
-// cluster of ROW_CTAS CTAs takes a row: CTA r holds chunks r, r + ROW_CTAS, ... (ROW_CHUNKS of them, a
-// compile-time count the launcher sets from V) in registers, writes their part_max / part_index, and the
-// CTAs' maxima meet through distributed shared memory; each CTA then writes its chunks' part_mass / part_sum
-// from the same registers. The partials are those of the two passes (the same chunks, exact integer masses;
-// the fp32 sums of p differ in their order only), so sample_finalize cannot tell them apart. Needs sm_90.
-#ifndef ROW_CHUNKS
-#define ROW_CHUNKS 5  // ceil(ceil(V / CHUNK) / ROW_CTAS): 5 for Qwen's 151,936 tokens
-#endif
-#ifndef ROW_THREADS
-#define ROW_THREADS 512  // the launcher takes 1024 from 5 chunks on, where 512 threads (64 registers) spill
-#endif
-constexpr int ROW_CTAS = 8, ROW_PER_THREAD = CHUNK / ROW_THREADS, ROW_WARPS = ROW_THREADS / 32;
-static_assert(ROW_WARPS <= 32 && CHUNK % ROW_THREADS == 0, "ROW_THREADS: a multiple of 128, at most 1024");
-
-#if __CUDA_ARCH__ >= 900
-#define ROW_CLUSTER __cluster_dims__(ROW_CTAS, 1, 1)
-#else
-#define ROW_CLUSTER
-#endif
-
-__device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-// The float at `local`'s shared-memory offset in the cluster's CTA `rank`.
-__device__ __forceinline__ float load_cluster_shared(const float* local, int rank) {
-    float v = NEG_INF;
-#if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
-}
-
-// Token of this thread's element i of its chunk j (>= vocab: none).
-__device__ __forceinline__ int plain_token(int rank, int j, int i) {
-    return (rank + j * ROW_CTAS) * CHUNK + i * ROW_THREADS + threadIdx.x;
-}
-
-extern "C" __global__ void ROW_CLUSTER __launch_bounds__(ROW_THREADS, 1024 / ROW_THREADS) sample_plain_rows(
-        const float* __restrict__ logits, const float* __restrict__ temperature,
-        const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
-        unsigned int* __restrict__ thr, float* __restrict__ part_max, int* __restrict__ part_index,
-        u64* __restrict__ part_mass, float* __restrict__ part_sum, int vocab, int num_chunks) {
-    const int rank = blockIdx.x, b = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (selects(temperature[b], top_k[b], top_p[b], vocab)) return;  // the whole cluster: it is one row's
-    const float* row = logits + (long long)b * vocab;
-    const long long base = (long long)b * num_chunks;
-    float x[ROW_CHUNKS][ROW_PER_THREAD];
-#pragma unroll
-    for (int j = 0; j < ROW_CHUNKS; ++j)
-#pragma unroll
-        for (int i = 0; i < ROW_PER_THREAD; ++i) {
-            const int v = plain_token(rank, j, i);
-            x[j][i] = v < vocab ? row[v] : NEG_INF;
-        }
-    __shared__ float warp_score[ROW_CHUNKS][ROW_WARPS], cta_max, row_max_logit;
-    __shared__ int warp_index[ROW_CHUNKS][ROW_WARPS];
-    __shared__ u64 warp_mass[ROW_CHUNKS][ROW_WARPS];
-    __shared__ float warp_p[ROW_CHUNKS][ROW_WARPS];
-#pragma unroll
-    for (int j = 0; j < ROW_CHUNKS; ++j) {
-        Candidate best = {NEG_INF, 0x7fffffff};
-#pragma unroll
-        for (int i = 0; i < ROW_PER_THREAD; ++i)
-            if (plain_token(rank, j, i) < vocab) best = better(best, {x[j][i], plain_token(rank, j, i)});
-        best = warp_best(best);
-        if (lane == 0) {
-            warp_score[j][warp] = best.score;
-            warp_index[j][warp] = best.index;
-        }
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float chunks_max = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < ROW_CHUNKS; ++j) {
-            Candidate best = {NEG_INF, 0x7fffffff};
-            if (lane < ROW_WARPS) best = {warp_score[j][lane], warp_index[j][lane]};
-            best = warp_best(best);
-            const int c = rank + j * ROW_CTAS;
-            if (lane == 0 && c < num_chunks) {
-                part_max[base + c] = best.score;
-                part_index[base + c] = best.index;
-            }
-            chunks_max = fmaxf(chunks_max, best.score);
-        }
-        if (lane == 0) cta_max = chunks_max;
-    }
-    cluster_arrive();
-    cluster_wait();  // every CTA's cta_max is written
-    if (warp == 0) {
-        const float m = warp_max(lane < ROW_CTAS ? load_cluster_shared(&cta_max, lane) : NEG_INF);
-        if (lane == 0) row_max_logit = m;
-    }
-    cluster_arrive();  // done reading the others' shared memory: the wait before leaving pairs with this
-    __syncthreads();
-    const RowSetup r = row_setup(temperature, min_p, 0u, row_max_logit, b);
-#pragma unroll
-    for (int j = 0; j < ROW_CHUNKS; ++j) {
-        u64 mass = 0;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < ROW_PER_THREAD; ++i) {
-            u64 w = 0;
-            if (plain_token(rank, j, i) < vocab) s += kept_mass(x[j][i], r, w);
-            mass += w;
-        }
-        mass = warp_sum_u64(mass);
-        s = warp_sum(s);
-        if (lane == 0) {
-            warp_mass[j][warp] = mass;
-            warp_p[j][warp] = s;
-        }
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int j = 0; j < ROW_CHUNKS; ++j) {
-            const u64 mass = warp_sum_u64(lane < ROW_WARPS ? warp_mass[j][lane] : 0ull);
-            const float s = warp_sum(lane < ROW_WARPS ? warp_p[j][lane] : 0.0f);
-            const int c = rank + j * ROW_CTAS;
-            if (lane == 0 && c < num_chunks) {
-                part_mass[base + c] = mass;
-                part_sum[base + c] = s;
-            }
-        }
-        if (rank == 0 && lane == 0) thr[b] = 0u;
-    }
-    cluster_wait();  // no CTA leaves while another may still read its cta_max
 }
 
 // Warp-wide: the first chunk whose cumulative mass exceeds *target, which becomes the offset within it.
@@ -749,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(FINAL_THREADS) sample_finalize(
     }
     __syncthreads();
     if (chosen_chunk < 0) return;  // block-uniform
-    const RowSetup r = row_setup(temperature, min_p, thr[b], row_max_logit, b);
+    const RowSetup r = row_setup(temperature, min_p, thr, row_max_logit, b);
     const int first = chosen_chunk * CHUNK + threadIdx.x * PER_THREAD;
     u64 mass[PER_THREAD];
     u64 local = 0;
