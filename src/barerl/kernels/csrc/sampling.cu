@@ -5,9 +5,9 @@
 //   target = floor(splitmix64(seed, counter) * total / 2^64) < total;
 //   token = the first v with mass_0 + ... + mass_v > target;  logprob = z_token - (m + log(sum of p_v)).
 // Why: the former Gumbel-max drew a 64-bit hash and took two logs per vocabulary element; here an element
-// costs a load, an IEEE division (none at T = 1), one expf, a float -> u64 conversion and a few compares and adds (~40
-// instructions in sample_chunk_mass, ~8 in sample_chunk_max), so the sampler runs near the speed of
-// reading the logits twice. Why fixed point: integer sums are exact in any order, so the chunks and trees
+// costs a load, an IEEE division (none at T = 1), one expf, a float -> u64 conversion and a few compares and
+// adds (~40 instructions in sample_chunk_mass, ~8 in sample_chunk_max), so the sampler runs near the speed
+// of reading the logits twice. Why fixed point: integer sums are exact in any order, so the chunks and trees
 // below pick the very same token as the reference, not merely a close one; only the fp32 sum of p behind the
 // log-prob differs from the reference's in its last bits. The floats that decide the token (z, m, p_v) are
 // the reference's own fp32 operations: IEEE division and expf, which is what CuPy's exp runs. NumPy's float32
