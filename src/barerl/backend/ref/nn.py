@@ -33,6 +33,7 @@ __all__ = [
     "lm_head_forward_backward",
     "lm_head_logits",
     "lm_head_logprobs",
+    "mlp",
     "paged_attention",
     "paged_attention_invariant",
     "qk_norm_rope",
@@ -363,6 +364,11 @@ def swiglu(gate_up):
     n = g.shape[-1] // 2
     gate, up = g[:, :n], g[:, n:]
     return (gate / (1.0 + xp.exp(-gate)) * up).astype(gate_up.dtype, copy=False)
+
+
+def mlp(x, w_gate_up, w_down, residual):
+    """A SwiGLU MLP without its activations kept: residual + swiglu(x @ w_gate_up.T) @ w_down.T (T, C)."""
+    return linear(swiglu(linear(x, w_gate_up)), w_down, residual=residual)
 
 
 def swiglu_backward(da, gate_up):
