@@ -4,7 +4,6 @@ the sum kernel alone, and how many 8-CTA clusters of it the GPU holds at once (c
 Cold weights (copies spanning 256 MB), 64 rows, CUDA-graph replays."""
 
 import ctypes
-import re
 from functools import partial
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def main() -> None:
     for phase, clustered in [(0, 8), (0, 4), (0, 2), (0, 0), (1, 8), (1, 0), (2, 8), (3, 8), (4, 8)]:
         kernel = load_kernel(variant(phase, clustered), "mlp_decode", defines)
         reserve_shared_memory(kernel, SMEM)
-        launch = lambda w, k=kernel: k((128,), (256,), (parts, x, *w, np.int32(ROWS)), shared_mem=SMEM)  # noqa: E731
+        launch = lambda w, k=kernel: k((128,), (256,), (parts, x, *w, np.int32(ROWS)), shared_mem=SMEM)
         us = graph_us([partial(launch, w) for w in copies])
         clusters = max_active_clusters(kernel) if clustered else "-"
         print(f"phase {phase} cluster {clustered} {us:7.2f} us  max active clusters {clusters}", flush=True)
