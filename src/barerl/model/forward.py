@@ -69,7 +69,7 @@ def layer_forward(
     x_mid = ops.linear(o.reshape(T, cfg.q_size), w.o_proj, residual=x)
     h2, rstd2 = ops.rmsnorm(x_mid, w.post_norm, cfg.rms_norm_eps)
     if not keep:  # one op, which a backend may fuse (the GPU's decode steps)
-        return ops.mlp(h2, w.gate_up, w.down, x_mid), None
+        return ops.linear(ops.gate_up_swiglu(h2, w.gate_up), w.down, residual=x_mid), None
     gate_up = ops.linear(h2, w.gate_up)
     act = ops.swiglu(gate_up)
     x_out = ops.linear(act, w.down, residual=x_mid)

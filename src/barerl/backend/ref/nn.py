@@ -27,13 +27,13 @@ __all__ = [
     "attention_backward",
     "embedding",
     "embedding_backward",
+    "gate_up_swiglu",
     "linear",
     "linear_backward",
     "lm_head_backward",
     "lm_head_forward_backward",
     "lm_head_logits",
     "lm_head_logprobs",
-    "mlp",
     "paged_attention",
     "paged_attention_invariant",
     "qk_norm_rope",
@@ -366,9 +366,9 @@ def swiglu(gate_up):
     return (gate / (1.0 + xp.exp(-gate)) * up).astype(gate_up.dtype, copy=False)
 
 
-def mlp(x, w_gate_up, w_down, residual):
-    """A SwiGLU MLP without its activations kept: residual + swiglu(x @ w_gate_up.T) @ w_down.T (T, C)."""
-    return linear(swiglu(linear(x, w_gate_up)), w_down, residual=residual)
+def gate_up_swiglu(x, w_gate_up):
+    """swiglu(x @ w_gate_up.T) (T, I) with the product not kept: the MLP's first half, which a backend may fuse."""
+    return swiglu(linear(x, w_gate_up))
 
 
 def swiglu_backward(da, gate_up):
