@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran the code now on branch mlp-decode (since removed from main: measured slower).
 # Session 13, call 2: mlp_decode (the decode MLP in one launch + a sum of its parts): GPU tests, the MLP
 # alone against its three ops (cold weights), decode profile and G1 / G2 with it (B) and without (A).
 source bench/device_call.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran the code now on branch gate-up-swiglu (since removed from main: measured slower).
 # Session 13, call 4: gate_up_swiglu (a decode step's gate_up product and SwiGLU in one launch, every load in
 # flight at once; calls 2-3's whole-MLP kernel is on branch mlp-decode): GPU tests, the op alone against its
 # two separate ops (cold weights), decode profile and G1 with it (B) and without (A).

@@ -1,4 +1,4 @@
-"""Where mlp_decode's time goes (call 3): the kernel cut after each phase (0: loads only, 1: + gate_up,
+"""(Runs on branch mlp-decode, whose code it times.) Where mlp_decode's time goes (call 3): the kernel cut after each phase (0: loads only, 1: + gate_up,
 2: + the pair exchange and SwiGLU, 3: + the gather, 4: whole), with and without its cluster of 8 (phases 0-1),
 the sum kernel alone, and how many 8-CTA clusters of it the GPU holds at once (cuOccupancyMaxActiveClusters).
 Cold weights (copies spanning 256 MB), 64 rows, CUDA-graph replays."""

@@ -91,10 +91,6 @@ def set_batch_invariant(on: bool) -> None:
     _batch_invariant = bool(on)
 
 
-def batch_invariant() -> bool:
-    return _batch_invariant
-
-
 class HeuristicResult(ctypes.Structure):
     """cublasLtMatmulHeuristicResult_t."""
 

@@ -68,10 +68,10 @@ def layer_forward(
     o, lse = attend(q, k, v)
     x_mid = ops.linear(o.reshape(T, cfg.q_size), w.o_proj, residual=x)
     h2, rstd2 = ops.rmsnorm(x_mid, w.post_norm, cfg.rms_norm_eps)
-    if not keep:  # one op, which a backend may fuse (the GPU's decode steps)
-        return ops.linear(ops.gate_up_swiglu(h2, w.gate_up), w.down, residual=x_mid), None
     gate_up = ops.linear(h2, w.gate_up)
     act = ops.swiglu(gate_up)
     x_out = ops.linear(act, w.down, residual=x_mid)
+    if not keep:
+        return x_out, None
     saved = LayerActivations(x, h1, rstd1, qkv, qkv_rot, q_rstd, k_rstd, o, lse, x_mid, h2, rstd2, gate_up, act)
     return x_out, saved

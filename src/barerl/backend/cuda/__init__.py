@@ -15,7 +15,6 @@ from barerl.kernels.flash_attention import (  # noqa: F401
     attention_backward,
     paged_attention_invariant,
 )
-from barerl.kernels.gate_up_swiglu import gate_up_swiglu  # noqa: F401
 from barerl.kernels.kv_cache import store_kv  # noqa: F401
 from barerl.kernels.linear import linear, linear_backward, lm_head_logits  # noqa: F401
 from barerl.kernels.lm_head import lm_head_backward, lm_head_forward_backward, lm_head_logprobs  # noqa: F401

@@ -27,7 +27,6 @@ __all__ = [
     "attention_backward",
     "embedding",
     "embedding_backward",
-    "gate_up_swiglu",
     "linear",
     "linear_backward",
     "lm_head_backward",
@@ -364,11 +363,6 @@ def swiglu(gate_up):
     n = g.shape[-1] // 2
     gate, up = g[:, :n], g[:, n:]
     return (gate / (1.0 + xp.exp(-gate)) * up).astype(gate_up.dtype, copy=False)
-
-
-def gate_up_swiglu(x, w_gate_up):
-    """swiglu(x @ w_gate_up.T) (T, I) with the product not kept: the MLP's first half, which a backend may fuse."""
-    return swiglu(linear(x, w_gate_up))
 
 
 def swiglu_backward(da, gate_up):
