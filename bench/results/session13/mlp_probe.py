@@ -1,5 +1,6 @@
-"""(Runs on branch mlp-decode, whose code it times.) Where mlp_decode's time goes (call 3): the kernel cut after each phase (0: loads only, 1: + gate_up,
-2: + the pair exchange and SwiGLU, 3: + the gather, 4: whole), with and without its cluster of 8 (phases 0-1),
+"""Runs on branch mlp-decode, whose kernel it times. Where mlp_decode's time goes (call 3): the kernel cut
+after each phase (0: loads only, 1: + gate_up, 2: + the pair exchange and SwiGLU, 3: + the gather, 4: whole),
+with and without its cluster of 8 (phases 0-1),
 the sum kernel alone, and how many 8-CTA clusters of it the GPU holds at once (cuOccupancyMaxActiveClusters).
 Cold weights (copies spanning 256 MB), 64 rows, CUDA-graph replays."""
 
@@ -8,12 +9,12 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from barerl.kernels.mlp_decode import shared_memory_bytes
 from bench_gemm import graph_us
 from bench_kernels import BF16, rand
 
 from barerl.kernels.build import CSRC, ctype, load_kernel
 from barerl.kernels.launch import reserve_shared_memory
-from barerl.kernels.mlp_decode import shared_memory_bytes
 
 HIDDEN, INTER, ROWS = 1024, 3072, 64
 SMEM = shared_memory_bytes(HIDDEN, INTER)
