@@ -51,13 +51,12 @@ def split_heads(cfg: ModelConfig, qkv):
     return q, k, v
 
 
-def layer_forward(
-    ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, keep: bool = False, rotate=None
-):
-    """x (T, C) -> x_out (T, C); with keep=True also returns the LayerActivations for backward.
-    `rotate` (default ops.qk_norm_rope) takes qk_norm_rope's arguments and returns what it returns."""
-    T = x.shape[0]
+def layer_activations(ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, rotate=None):
+    """x (T, C) -> LayerActivations: every op of the layer but the last (`layer_output`), whose result backward
+    never needs, so recomputation in backward stops here. `rotate` (default ops.qk_norm_rope) takes
+    qk_norm_rope's arguments and returns what it returns."""
     rotate = ops.qk_norm_rope if rotate is None else rotate
+    T = x.shape[0]
     h1, rstd1 = ops.rmsnorm(x, w.input_norm, cfg.rms_norm_eps)
     qkv = ops.linear(h1, w.qkv, w.qkv_bias)
     qkv_rot, q_rstd, k_rstd = rotate(
@@ -70,8 +69,14 @@ def layer_forward(
     h2, rstd2 = ops.rmsnorm(x_mid, w.post_norm, cfg.rms_norm_eps)
     gate_up = ops.linear(h2, w.gate_up)
     act = ops.swiglu(gate_up)
-    x_out = ops.linear(act, w.down, residual=x_mid)
-    if not keep:
-        return x_out, None
-    saved = LayerActivations(x, h1, rstd1, qkv, qkv_rot, q_rstd, k_rstd, o, lse, x_mid, h2, rstd2, gate_up, act)
-    return x_out, saved
+    return LayerActivations(x, h1, rstd1, qkv, qkv_rot, q_rstd, k_rstd, o, lse, x_mid, h2, rstd2, gate_up, act)
+
+
+def layer_output(ops, w: LayerView, a: LayerActivations):
+    """The layer's last op: x_out (T, C) = x_mid + down(act)."""
+    return ops.linear(a.act, w.down, residual=a.x_mid)
+
+
+def layer_forward(ops, cfg: ModelConfig, w: LayerView, x, rope: RopeContext, attend, rotate=None):
+    """x (T, C) -> x_out (T, C), with nothing kept for backward (inference)."""
+    return layer_output(ops, w, layer_activations(ops, cfg, w, x, rope, attend, rotate))

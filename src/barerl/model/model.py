@@ -8,7 +8,8 @@ Design:
 - Training runs over packed sequences (cu_seqlens, positions); the LM head is chunked inside the ops, so
   no (tokens, vocab) fp32 matrix exists. Gradient checkpointing keeps each layer's input and the outputs of
   the ops named in `keep` (default: attention, the costliest to redo per byte kept; see model/recompute.py)
-  and recomputes the rest of the layer during backward.
+  and recomputes the rest of the layer during backward, but for its last product (down), whose output is
+  the next layer's input.
 - Training losses are the caller's: `forward_backward` hands the per-token log-probs to a loss function
   that returns (loss, d loss / d log-probs, metrics), and backpropagates from there. A token-local loss
   (its gradient at a token needs only that token's log-prob) may also give `token_grad`, the gradient of a
@@ -29,7 +30,7 @@ from barerl.config import ModelConfig
 from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
 from barerl.model.checkpoint import load_checkpoint, resolve_dtype
-from barerl.model.forward import RopeContext, layer_forward
+from barerl.model.forward import RopeContext, layer_activations, layer_forward, layer_output
 from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
 from barerl.model.weights import ParameterBuffer, parameter_shapes
@@ -169,7 +170,7 @@ class Model:
                                  self.attention_scale)
                 return xp.concatenate([o_cached, o_fresh]), None
 
-            x, _ = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
+            x = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
         last = x if decode else x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
@@ -196,12 +197,18 @@ class Model:
             if keep:  # recomputation starts from these; a forward with no backward needs none
                 layer_inputs.append(x)
             layer_ops = RecordingOps(ops, keep_ops) if keep and checkpoint else ops
-            x, acts = layer_forward(layer_ops, cfg, w, x, rope, self._attend_packed(layer_ops, cu),
-                                    keep=keep and not checkpoint)
+            x, acts = self._training_layer(layer_ops, ops, w, x, rope, cu, save=keep and not checkpoint)
             saved.append(acts)
             kept.append(layer_ops.outputs if layer_ops is not ops else None)
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
         return h, ForwardState(x, rstd, layer_inputs, kept, saved, rope, cu)
+
+    def _training_layer(self, layer_ops, ops, w, x, rope, cu, save: bool):
+        """One layer of a training forward -> (x_out, its LayerActivations if `save`, else None, so that they
+        die here). The last op runs on the plain backend: its output is the next layer's input, which
+        recomputation never needs again, so a RecordingOps does not keep it."""
+        acts = layer_activations(layer_ops, self.cfg, w, x, rope, self._attend_packed(layer_ops, cu))
+        return layer_output(ops, w, acts), acts if save else None
 
     def logprobs(self, batch: PackedBatch, sampling: SamplingFilter | float = 1.0):
         """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient.
@@ -260,8 +267,8 @@ class Model:
             acts = fwd.saved[i]
             if acts is None:  # checkpointed: recompute this layer from its input and its kept outputs
                 replay = ReplayingOps(ops, keep_ops, fwd.kept[i])
-                _, acts = layer_forward(replay, cfg, p.layers[i], fwd.layer_inputs[i], rope,
-                                        self._attend_packed(replay, cu), keep=True)
+                acts = layer_activations(replay, cfg, p.layers[i], fwd.layer_inputs[i], rope,
+                                         self._attend_packed(replay, cu))
             dx = layer_backward(ops, cfg, p.layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
             fwd.saved[i] = fwd.layer_inputs[i] = fwd.kept[i] = None  # free as we go
         ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
