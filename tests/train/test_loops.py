@@ -191,6 +191,37 @@ def test_grpo_rollouts_do_not_depend_on_engine_lookahead(tmp_path, monkeypatch):
                 assert ahead[key] == pytest.approx(value, rel=1e-4, abs=1e-9), key
 
 
+def test_grpo_sizes_the_kv_cache_for_one_round_of_shared_prompts(tmp_path, monkeypatch):
+    """Unless told otherwise, the engine's cache holds one generation round and no more: each prompt's full
+    blocks once, each sample's own blocks after them. Prompts of 7 tokens in blocks of 4 (the worst case: 3
+    tokens of each prompt in a block of its own), 9-token completions, 32 samples of 4 prompts: 4 x 1 shared
+    + 32 x ceil((7 + 9 - 4) / 4) = 100 blocks, with EOS out of the way so every completion is whole. Rollouts
+    never wait for blocks and equal those of an ample cache; one block fewer, and sequences are preempted."""
+    from barerl.engine.block_manager import BlockManager
+    from barerl.engine.scheduler import Scheduler
+
+    sizes, preempted = [], []
+    init, preempt = BlockManager.__init__, Scheduler._preempt
+    monkeypatch.setattr(BlockManager, "__init__", lambda self, n, *a, **k: sizes.append(n) or init(self, n, *a, **k))
+    monkeypatch.setattr(Scheduler, "_preempt", lambda self, seq: preempted.append(seq) or preempt(self, seq))
+    monkeypatch.setattr("barerl.engine.llm._eos_token_ids", lambda *_: [])
+    rows = [{"prompt": f"{a}+{b}={a + b}+{a}=" + "9" * b} for a in range(4) for b in range(4)]  # >= 7 tokens
+
+    def run(folder, engine_args):
+        cfg = grpo_config(folder, max_steps=2, max_prompt_length=7, max_completion_length=9, temperature=1.5)
+        train_grpo(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=rows, reward_funcs=[starts_with_seven],
+                   show_progress=False, engine_args={"block_size": 4, "num_scheduler_steps": 4, **engine_args})
+
+    run(tmp_path / "sized", {})
+    run(tmp_path / "ample", {"num_kv_blocks": 1024})
+    assert sizes == [100, 1024]
+    assert not preempted
+    assert metrics(tmp_path / "sized") == metrics(tmp_path / "ample")
+    assert metrics(tmp_path / "sized")[0]["completions/mean_length"] == 9
+    run(tmp_path / "short", {"num_kv_blocks": 99})
+    assert preempted
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_offloading_the_optimizer_changes_nothing(tmp_path, dtype):
     """offload_optimizer moves the state out and back every round (checkpoints saved in between): the same

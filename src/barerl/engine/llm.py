@@ -152,11 +152,7 @@ class LLM:
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         else:
-            if self.model.device == "cuda":
-                budget = _gpu_kv_budget(cfg.gpu_memory_utilization)
-            else:
-                budget = int(cfg.cpu_kv_cache_gib * 2**30)
-            num_blocks = budget // (self.model.kv_cache_bytes_per_token() * bs)
+            num_blocks = kv_blocks_in_budget(self.model, cfg)
             if cfg.max_model_len is None:  # the model's own limit, as far as the cache can hold it
                 max_model_len = min(max_model_len, num_blocks * bs)
             num_blocks = min(num_blocks, cfg.max_num_seqs * -(-max_model_len // bs))  # never more than usable
@@ -446,6 +442,16 @@ def _eos_token_ids(model, tokenizer, path: str | None) -> list[int]:
             eos = json.load(f).get("eos_token_id")
         ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     return sorted(i for i in ids if 0 <= i < model.cfg.vocab_size)
+
+
+def kv_blocks_in_budget(model: Model, cfg: EngineConfig) -> int:
+    """KV blocks the memory budget holds: gpu_memory_utilization of the GPU less what is in use, or
+    cpu_kv_cache_gib on the CPU."""
+    if model.device == "cuda":
+        budget = _gpu_kv_budget(cfg.gpu_memory_utilization)
+    else:
+        budget = int(cfg.cpu_kv_cache_gib * 2**30)
+    return budget // (model.kv_cache_bytes_per_token() * cfg.block_size)
 
 
 def _gpu_kv_budget(utilization: float) -> int:

@@ -54,7 +54,7 @@ class GRPOResult:
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
                reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
-    from barerl.engine.llm import LLM
+    from barerl.engine.llm import LLM, EngineConfig, kv_blocks_in_budget
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
@@ -78,10 +78,14 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": cfg.effective_generation_batch_size,
               "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
-              "batch_invariant": cfg.batch_invariant, **(engine_args or {})}
+              "batch_invariant": cfg.batch_invariant, "device": model.device, "dtype": model.dtype.name,
+              "seed": cfg.seed, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
         run.optimizer.offload()
-    llm = LLM(model, tokenizer, device=model.device, dtype=model.dtype.name, seed=cfg.seed, **engine)
+    if "num_kv_blocks" not in engine and cfg.max_prompt_length is not None:
+        needed = rollout_kv_blocks(cfg, EngineConfig(**engine).block_size)
+        engine["num_kv_blocks"] = min(needed, kv_blocks_in_budget(model, EngineConfig(**engine)))
+    llm = LLM(model, tokenizer, **engine)
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
@@ -115,6 +119,15 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 llm.wake()
     summary = run.finish()
     return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint, summary)
+
+
+def rollout_kv_blocks(cfg: GRPOConfig, block_size: int) -> int:
+    """The most KV blocks a generation round holds at once. A prompt's full blocks are stored once (its
+    num_generations samples share them); each sample owns the rest, from its prompt's last partial block (at
+    most block_size - 1 tokens) to the end of its completion. Prompts are at most max_prompt_length tokens."""
+    num_samples = cfg.effective_generation_batch_size
+    shared = num_samples // cfg.num_generations * (cfg.max_prompt_length // block_size)
+    return shared + num_samples * -(-(cfg.max_completion_length + block_size - 1) // block_size)
 
 
 class DeviceMemory:
