@@ -43,7 +43,7 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
     return [zlib.crc32(c.encode()) % 100 / 100 for c in completions]
 
 
-def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: bool = False,
+def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: float | None = None,
         keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16) -> dict:
     from barerl.config import ModelConfig
     from barerl.model.model import Model
@@ -67,7 +67,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         gradient_accumulation_steps=64 // micro_batch, max_prompt_length=prompt_len, max_completion_length=new_tokens,
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         max_tokens_per_microbatch=micro_batch * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
-        log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer,
+        log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer is not None,
+        offload_optimizer_ratio=offload_optimizer or 1.0,
         gradient_checkpointing_keep=keep, batch_invariant=batch_invariant,
     )
     start = time.perf_counter()
@@ -79,7 +80,9 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         records = [json.loads(line) for line in f]
     timed = records[1:] or records
     phases = {key: float(np.median([r[key] for r in timed])) for key in ("time/generate", "time/score", "time/train")}
-    system = "barerl" + (" (optimizer offloaded)" if offload_optimizer else "") + (
+    offloaded = "" if offload_optimizer is None else " (optimizer offloaded)" if offload_optimizer == 1 else (
+        f" ({offload_optimizer:g} of the optimizer state offloaded)")
+    system = "barerl" + offloaded + (
         f", keeps {','.join(keep)}" if tuple(keep) != ("attention",) else "") + (
         "" if batch_invariant else ", batch_invariant off") + (
         f", micro-batches of {micro_batch}" if micro_batch != 16 else "")
@@ -102,8 +105,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences (CPU smoke test)")
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--num-scheduler-steps", type=int, default=8, help="engine decode steps per graph launch")
-    parser.add_argument("--offload-optimizer", action="store_true",
-                        help="GRPO's offload_optimizer: the fp32 state in host memory while generating")
+    parser.add_argument("--offload-optimizer", type=float, nargs="?", const=1.0, default=None, metavar="RATIO",
+                        help="GRPO's offload_optimizer: the fp32 state in host memory while generating; RATIO "
+                        "(default 1): offload_optimizer_ratio, the share of it there")
     parser.add_argument("--keep", default="attention", metavar="OPS",
                         help="gradient_checkpointing_keep, comma-separated (e.g. attention,linear)")
     parser.add_argument("--batch-invariant", default="on", choices=("on", "off"), help="GRPO's batch_invariant")

@@ -225,15 +225,17 @@ def test_grpo_sizes_the_kv_cache_for_one_round_of_shared_prompts(tmp_path, monke
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_offloading_the_optimizer_changes_nothing(tmp_path, dtype):
     """offload_optimizer moves the state out and back every round (checkpoints saved in between): the same
-    metrics and the same weights as keeping it (fp32: a master shared with the model; bf16: a separate one)."""
+    metrics and the same weights as keeping it (fp32: a master shared with the model; bf16: a separate one),
+    whether all of it goes to the host or 30% of it."""
     runs = {}
-    for offload in (False, True):
-        cfg = grpo_config(tmp_path / str(offload), dtype=dtype, offload_optimizer=offload, save_steps=2,
-                          gradient_accumulation_steps=2)
-        runs[offload] = run_grpo(cfg)
-    assert metrics(tmp_path / "True") == metrics(tmp_path / "False")
-    weights = [Model.from_pretrained(runs[offload].checkpoint).params.flat for offload in (False, True)]
-    np.testing.assert_array_equal(weights[0], weights[1])
+    for name, settings in (("resident", {}), ("offloaded", {"offload_optimizer": True}),
+                           ("part", {"offload_optimizer": True, "offload_optimizer_ratio": 0.3})):
+        cfg = grpo_config(tmp_path / name, dtype=dtype, save_steps=2, gradient_accumulation_steps=2, **settings)
+        runs[name] = run_grpo(cfg)
+    weights = {name: Model.from_pretrained(run.checkpoint).params.flat for name, run in runs.items()}
+    for name in ("offloaded", "part"):
+        assert metrics(tmp_path / name) == metrics(tmp_path / "resident")
+        np.testing.assert_array_equal(weights[name], weights["resident"])
 
 
 def test_offloaded_optimizer_state_survives_save_and_load():
@@ -259,20 +261,22 @@ def test_offloaded_optimizer_state_survives_save_and_load():
 
 @pytest.mark.gpu
 def test_grpo_with_the_optimizer_offloaded_on_the_gpu(tmp_path):
-    """On the GPU, offloading goes through pinned host memory: the same metrics as keeping the state."""
-    for offload in (False, True):
-        cfg = grpo_config(tmp_path / str(offload), max_steps=3, device="cuda", dtype="bfloat16",
-                          offload_optimizer=offload)
+    """On the GPU, offloading (all of the state, or half) goes through pinned host memory: the same metrics as
+    keeping the state."""
+    for name, settings in (("resident", {}), ("offloaded", {"offload_optimizer": True}),
+                           ("half", {"offload_optimizer": True, "offload_optimizer_ratio": 0.5})):
+        cfg = grpo_config(tmp_path / name, max_steps=3, device="cuda", dtype="bfloat16", **settings)
         run_grpo(cfg, smollm2_like_model("cuda", "bfloat16"))
-    got, want = metrics(tmp_path / "True"), metrics(tmp_path / "False")
-    for g, w in zip(got, want, strict=True):
-        assert g["reward"] == w["reward"]
-        for key in ("loss", "grad_norm"):
-            assert g[key] == pytest.approx(w[key], rel=1e-3), key  # dQ atomics: sums in any order
-    for r in got:  # both phases measured; the arrays in use are part of what the pool reserves
-        assert r["memory/generate_gib"] > 0 and r["memory/train_gib"] > 0
-        assert r["memory/gpu_gib"] == max(r["memory/generate_gib"], r["memory/train_gib"])
-        assert 0 < r["memory/gpu_used_gib"] <= r["memory/gpu_gib"]
+    want = metrics(tmp_path / "resident")
+    for got in (metrics(tmp_path / "offloaded"), metrics(tmp_path / "half")):
+        for g, w in zip(got, want, strict=True):
+            assert g["reward"] == w["reward"]
+            for key in ("loss", "grad_norm"):
+                assert g[key] == pytest.approx(w[key], rel=1e-3), key  # dQ atomics: sums in any order
+        for r in got:  # both phases measured; the arrays in use are part of what the pool reserves
+            assert r["memory/generate_gib"] > 0 and r["memory/train_gib"] > 0
+            assert r["memory/gpu_gib"] == max(r["memory/generate_gib"], r["memory/train_gib"])
+            assert 0 < r["memory/gpu_used_gib"] <= r["memory/gpu_gib"]
 
 
 def test_grpo_logs_device_memory_per_phase(tmp_path):

@@ -252,8 +252,9 @@ def test_adamw_step_in_slices_with_offsets_equals_one_call():
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
-def _streamed_and_plain(device: str, dtype: str, chunk: int, monkeypatch, steps: int = 4):
-    """The same steps on two AdamWs, one offloaded (so streamed, `chunk` elements at a time), one not."""
+def _streamed_and_plain(device: str, dtype: str, chunk: int, monkeypatch, share: float = 1.0, steps: int = 4):
+    """The same steps on two AdamWs, one offloaded (`share` of its state streamed, `chunk` elements at a
+    time), one not."""
     import ml_dtypes
 
     from barerl.backend import get_backend
@@ -267,18 +268,19 @@ def _streamed_and_plain(device: str, dtype: str, chunk: int, monkeypatch, steps:
         import cupy as xp
     cfg = tiny_cfg()
     init, grads = random_problem(cfg, steps=steps, seed=6)
-    assert init.shape[0] % chunk != 0 and init.shape[0] // chunk >= 3  # a short last chunk, both slots reused
+    streamed_length = init.shape[0] - round((1 - share) * init.shape[0])
+    assert streamed_length % chunk != 0 and streamed_length // chunk >= 3  # a short last chunk, slots reused
     work = init.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
     opts = [AdamW(ParameterBuffer(cfg, xp.array(work)), backend, weight_decay=0.1, max_grad_norm=20.0,
                   rounding_seed=11) for _ in range(2)]
     streamed, plain = opts
-    streamed.offload()
+    streamed.offload(share)
     for g in grads:
         for opt in opts:
             opt.zero_grad()
             opt.grads.flat += xp.asarray(g)
             opt.step(1e-2)
-        assert streamed.offloaded and not plain.offloaded  # the state stays on the host
+        assert streamed.offloaded and not plain.offloaded  # the state stays split
     return streamed, plain
 
 
@@ -287,29 +289,49 @@ def _bits(array):
     return np.ascontiguousarray(array).view(np.uint8)
 
 
+def _assert_same_steps(streamed, plain) -> None:
+    """Working weights, and the split state (each part where it lives, then whole again), bit for bit."""
+    kept = streamed.kept
+    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    for key, host in streamed._host.items():
+        whole = plain.decay_mask if key == "decay_mask" else getattr(plain, key).flat
+        assert isinstance(host, np.ndarray)  # (pinned) host memory on the GPU
+        np.testing.assert_array_equal(_bits(host), _bits(whole[kept:]), key)
+        np.testing.assert_array_equal(_bits(streamed._device[key]), _bits(whole[:kept]), key)
+    streamed.offload()  # already there: only the gradients go
+    assert streamed._grads is None and streamed.offloaded
+    arrays = streamed.state_dict()["arrays"]  # restores the whole state on the device
+    assert not streamed.offloaded
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        np.testing.assert_array_equal(_bits(arrays[key]), _bits(getattr(plain, key).flat), key)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.6])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_offloaded_steps_stream_the_state_and_equal_plain_steps_bit_for_bit(monkeypatch, dtype):
+def test_offloaded_steps_stream_the_state_and_equal_plain_steps_bit_for_bit(monkeypatch, dtype, share):
     """bf16: a separate master, stochastic rounding keyed by each chunk's offset; fp32: the master is the
-    model's own buffer (shares_master), only the moments stream."""
-    streamed, plain = _streamed_and_plain("cpu", dtype, 97, monkeypatch)
+    model's own buffer (shares_master), only the moments stream. share 0.6: the first 40% stays on the device
+    and is updated there."""
+    streamed, plain = _streamed_and_plain("cpu", dtype, 97 if share == 1 else 61, monkeypatch, share)
     assert streamed.shares_master == (dtype == "float32")
     assert (plain.rounding_seed is not None) == (dtype == "bfloat16")
-    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
-    for key in ("master", "exp_avg", "exp_avg_sq"):
-        np.testing.assert_array_equal(_bits(getattr(streamed, key).flat), _bits(getattr(plain, key).flat), key)
-    assert streamed.exp_avg.flat is streamed._host["exp_avg"]  # updated in its host buffer
-    streamed.offload()  # already there: only the gradients go
-    assert streamed._grads is None
-    np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["exp_avg_sq"]),
-                                  _bits(plain.exp_avg_sq.flat))
+    n = plain.params.flat.shape[0]
+    assert streamed.kept == n - round(share * n) and (streamed.kept > 0) == (share < 1)
+    _assert_same_steps(streamed, plain)
+
+
+def test_offload_share_must_be_a_fraction():
+    opt = AdamW(ParameterBuffer.zeros(tiny_cfg(), np, np.float32), ref)
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            opt.offload(share)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("share", [1.0, 0.6])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_offloaded_steps_stream_through_pinned_memory_on_the_gpu(monkeypatch, dtype):
-    """The CUDA path: async copies on two streams, the fused kernel per chunk; bits equal the plain steps'."""
-    streamed, plain = _streamed_and_plain("cuda", dtype, 1000, monkeypatch)
-    assert isinstance(streamed.exp_avg.flat, np.ndarray)  # the state lives in (pinned) host memory
-    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
-    for key in ("master", "exp_avg", "exp_avg_sq"):
-        np.testing.assert_array_equal(_bits(getattr(streamed, key).flat), _bits(getattr(plain, key).flat), key)
+def test_offloaded_steps_stream_through_pinned_memory_on_the_gpu(monkeypatch, dtype, share):
+    """The CUDA path: async copies on two streams, the fused kernel per chunk (and on the kept part, on the
+    current stream); bits equal the plain steps'."""
+    streamed, plain = _streamed_and_plain("cuda", dtype, 1000 if share == 1 else 611, monkeypatch, share)
+    _assert_same_steps(streamed, plain)

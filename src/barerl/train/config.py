@@ -170,6 +170,9 @@ class GRPOConfig(TrainConfig):
                                   "(zero) gradients freed while the engine generates, so the GPU holds the "
                                   "working weights and the KV cache alone; each optimizer step streams the state "
                                   "through the GPU in chunks (one host<->GPU round trip of it per step).")
+    offload_optimizer_ratio: float = opt(1.0, "With offload_optimizer: the share of the optimizer state kept in "
+                                         "host memory; the rest stays on the GPU, which saves its round trip "
+                                         "over the link each step for the GPU memory it takes.", gt=0.0, max=1.0)
     generation_batch_size: int | None = opt(None, "Completions generated at once (None: "
                                             "per_device_train_batch_size * steps_per_generation).", min=1)
     steps_per_generation: int | None = opt(None, "Optimizer steps taken on one generation batch (None: "

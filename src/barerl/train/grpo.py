@@ -81,7 +81,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
               "batch_invariant": cfg.batch_invariant, "device": model.device, "dtype": model.dtype.name,
               "seed": cfg.seed, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
-        run.optimizer.offload()
+        run.optimizer.offload(cfg.offload_optimizer_ratio)
     if "num_kv_blocks" not in engine and cfg.max_prompt_length is not None:
         needed = rollout_kv_blocks(cfg, EngineConfig(**engine).block_size)
         engine["num_kv_blocks"] = min(needed, kv_blocks_in_budget(model, EngineConfig(**engine)))
@@ -114,7 +114,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 if run.should_save():
                     checkpoint = str(run.save({"sampler": sampler.state_dict()}))
             if cfg.offload_optimizer:  # before the KV cache is mapped again
-                run.optimizer.offload()
+                run.optimizer.offload(cfg.offload_optimizer_ratio)
             if model.device == "cuda":
                 llm.wake()
     summary = run.finish()

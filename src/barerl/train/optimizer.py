@@ -16,16 +16,18 @@ Design:
   learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
-- `offload()` (GRPO's `offload_optimizer`) moves the fp32 state and the decay mask to (pinned) host memory
-  and drops the gradient buffer, which is all zeros between a step and the next backward, so that the
-  engine's KV cache can use that memory while it generates. The gradients come back as zeros when a backward
-  first asks for them. The step then streams the state through the device instead of bringing it back:
-  `STREAM_CHUNK` elements of master / moments / mask go up, the same `adamw_step` updates them (told the
-  chunk's offset, so stochastic rounding draws the same bits) and they go back down, on two CUDA streams so
-  that one chunk's download overlaps the next one's upload. The device holds the weights, the gradients and
-  two chunks' staging, never the whole state; results are bit-identical to a step on the device-resident
-  state, and the state stays on the host (a later `offload()` just drops the gradients). state_dict and
-  load_state_dict bring the state back (`restore()`).
+- `offload(share)` (GRPO's `offload_optimizer`, `offload_optimizer_ratio`) moves the last `share` of the
+  fp32 state and of the decay mask to (pinned) host memory, keeps the rest on the device, and drops the
+  gradient buffer, which is all zeros between a step and the next backward, so that the engine's KV cache
+  can use that memory while it generates. The gradients come back as zeros when a backward first asks for
+  them. The step then updates the device's part in place and streams the host's through the device instead
+  of bringing it back: `STREAM_CHUNK` elements of master / moments / mask go up, the same `adamw_step`
+  updates them (told the chunk's offset, so stochastic rounding draws the same bits) and they go back down,
+  on two CUDA streams so that one chunk's download overlaps the next one's upload. The link carries the
+  host's part twice per step (up and down), which is what a share below 1 saves, for the device memory its
+  complement takes. The device holds the weights, the gradients, the kept part and two chunks' staging;
+  results are bit-identical to a step on the device-resident state, and the state stays split (a later
+  `offload()` just drops the gradients). state_dict and load_state_dict bring the state back (`restore()`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ class AdamW:
         self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
         self.xp = xp
         self.offloaded = False
-        self._host: dict[str, np.ndarray] = {}  # offload's host buffers, kept for the next offload
+        self.kept = 0  # while offloaded: elements 0 .. kept - 1 of the state stay on the device (in _device)
+        self._device: dict[str, object] = {}  # while offloaded: the state's kept part
+        self._host: dict[str, np.ndarray] = {}  # offload's host buffers (the rest), kept for the next offload
 
     @classmethod
     def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
@@ -104,39 +108,54 @@ class AdamW:
     def _offloadable(self) -> tuple[str, ...]:
         return ARRAY_KEYS[1:] if self.shares_master else ARRAY_KEYS  # a shared master is the model itself
 
-    def offload(self) -> None:
-        """Master weights (unless shared), moments and decay mask to host memory, the gradient buffer dropped.
-        Once offloaded (a streamed step leaves the state there) only the gradients are dropped."""
+    def _state(self) -> dict[str, object]:
+        """The flat arrays an offload splits: master (unless shared), moments, decay mask (if any)."""
+        state = {key: getattr(self, key).flat for key in self._offloadable()}
+        return state | ({"decay_mask": self.decay_mask} if self.decay_mask is not None else {})
+
+    def offload(self, share: float = 1.0) -> None:
+        """The last `share` (0 < share <= 1) of the state to host memory, the rest kept on the device, the
+        gradient buffer dropped. Once offloaded (a streamed step leaves the state so) only the gradients are
+        dropped, whatever the share."""
+        if not 0 < share <= 1:
+            raise ValueError(f"offload: share must be in (0, 1], got {share!r}")
         if not self.offloaded:
+            n = self.params.flat.shape[0]
+            self.kept = n - round(share * n)
+            for key, flat in self._state().items():
+                self._device[key] = flat[: self.kept].copy()
+                self._to_host(key, flat[self.kept :])
             for key in self._offloadable():
-                setattr(self, key, ParameterBuffer(self.params.cfg, self._to_host(key, getattr(self, key).flat)))
-            if self.decay_mask is not None:
-                self.decay_mask = self._to_host("decay_mask", self.decay_mask)
+                setattr(self, key, None)
+            self.decay_mask = None
             self.offloaded = True
         self._grads = None
         _release_cached_device_memory(self.xp)
 
     def restore(self) -> None:
-        """The offloaded state back on the device (state_dict and load_state_dict call this)."""
+        """The offloaded state back on the device, whole (state_dict and load_state_dict call this)."""
         if not self.offloaded:
             return
         _release_cached_device_memory(self.xp)  # freed activations first: the state takes their place
-        to_device = lambda host: host.copy() if self.xp is np else self.xp.asarray(host)
-        for key in self._offloadable():
-            setattr(self, key, ParameterBuffer(self.params.cfg, to_device(getattr(self, key).flat)))
-        if self.decay_mask is not None:
-            self.decay_mask = to_device(self.decay_mask)
-        self.offloaded = False
+        xp, kept = self.xp, self.kept
+        for key, host in self._host.items():
+            whole = xp.empty(kept + host.shape[0], host.dtype)
+            whole[:kept] = self._device[key]
+            whole[kept:] = host if xp is np else xp.asarray(host)
+            if key == "decay_mask":
+                self.decay_mask = whole
+            else:
+                setattr(self, key, ParameterBuffer(self.params.cfg, whole))
+        self._device, self.kept, self.offloaded = {}, 0, False
 
-    def _to_host(self, key: str, device):
-        """device's values in this key's host buffer (allocated on first use, kept for the next offload)."""
-        if key not in self._host:
+    def _to_host(self, key: str, device) -> None:
+        """device's values into this key's host buffer (allocated on first use, kept for the next offload)."""
+        if key not in self._host or self._host[key].shape != device.shape:
             self._host[key] = _host_buffer(self.xp, device.shape, device.dtype)
         if self.xp is np:
             self._host[key][...] = device
         else:
             device.get(out=self._host[key])
-        return self._host[key]
 
     def step(self, lr: float, grad_scale: float = 1.0) -> dict:
         """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
@@ -168,25 +187,34 @@ class AdamW:
         return metrics
 
     def _streamed_step(self, update: dict) -> None:
-        """`adamw_step` over the host-resident state, STREAM_CHUNK elements at a time (module docstring)."""
-        xp, n = self.xp, self.params.flat.shape[0]
-        size = min(STREAM_CHUNK, n)
-        state = {key: getattr(self, key).flat for key in self._offloadable()}  # host: updated, copied back
-        host = {**state, "decay_mask": self.decay_mask} if self.decay_mask is not None else state
-        staging = [{key: xp.empty(size, array.dtype) for key, array in host.items()} for _ in range(2)]
+        """`adamw_step` over the offloaded state: the device's part in place, the host's STREAM_CHUNK elements
+        at a time (module docstring)."""
+        xp, n, kept = self.xp, self.params.flat.shape[0], self.kept
+        host, device = self._host, self._device
+        state_keys = self._offloadable()
         copies = _PlainCopies() if xp is np else _CudaCopies(xp)
-        for index, start in enumerate(range(0, n, size)):
+        if kept:  # on the current stream, while the copies stream starts the uploads
+            self._update_slice(slice(0, kept), device, update)
+        size = max(1, min(STREAM_CHUNK, n - kept))
+        staging = [{key: xp.empty(size, array.dtype) for key, array in host.items()} for _ in range(2)]
+        for index, start in enumerate(range(kept, n, size)):
             rows, slot = slice(start, min(start + size, n)), index % 2
+            local = slice(start - kept, rows.stop - kept)  # the same elements in the host buffers
             chunk = {key: buffer[: rows.stop - start] for key, buffer in staging[slot].items()}
-            copies.upload(slot, [(chunk[key], host[key][rows]) for key in host])
+            copies.upload(slot, [(chunk[key], host[key][local]) for key in host])
             with copies.update_stream():
-                self.backend.adamw_step(
-                    self.params.flat[rows] if self.shares_master else chunk["master"], self.grads.flat[rows],
-                    chunk["exp_avg"], chunk["exp_avg_sq"], chunk.get("decay_mask"),
-                    working_out=None if self.shares_master else self.params.flat[rows], offset=start, **update,
-                )
-            copies.download(slot, [(state[key][rows], chunk[key]) for key in state])
+                self._update_slice(rows, chunk, update)
+            copies.download(slot, [(host[key][local], chunk[key]) for key in state_keys])
         copies.finish()  # before the staging goes back to the pool and the host state is read
+
+    def _update_slice(self, rows: slice, state: dict, update: dict) -> None:
+        """adamw_step on elements `rows` of the buffer, their master / moments / mask given in `state`."""
+        working = self.params.flat[rows]
+        self.backend.adamw_step(
+            working if self.shares_master else state["master"], self.grads.flat[rows], state["exp_avg"],
+            state["exp_avg_sq"], state.get("decay_mask"), working_out=None if self.shares_master else working,
+            offset=rows.start, **update,
+        )
 
     def hyperparameters(self) -> dict:
         return {"betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
