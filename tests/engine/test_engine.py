@@ -72,6 +72,19 @@ def test_n_samples_share_one_prefill():
     assert model.num_forward_tokens == 20 + 4 * 5
 
 
+def test_each_finished_request_is_reported_once_and_returned_as_reported(monkeypatch):
+    """on_finished(i, output) comes once per request as it finishes, with the very output generate returns:
+    each one is built (detokenized) once."""
+    llm = LLM(PagedMockModel(), **BASE)
+    built, reported = [], []
+    output = LLM._output
+    monkeypatch.setattr(LLM, "_output", lambda self, request, *a: built.append(request) or output(self, request, *a))
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False, on_finished=lambda i, out: reported.append((i, out)))
+    assert sorted(i for i, _ in reported) == list(range(len(PROMPTS)))
+    assert all(outs[i] is out for i, out in reported)
+    assert len(built) == len(PROMPTS)
+
+
 def test_shared_system_prompt_is_computed_once():
     model = PagedMockModel()
     llm = LLM(model, **{**BASE, "max_num_seqs": 1})  # one at a time: each finds the previous one's blocks

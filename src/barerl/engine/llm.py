@@ -237,16 +237,17 @@ class LLM:
         requests = self._make_requests(prompts, sampling_params)
         self._start_call(requests)
         index_of = {r.request_id: i for i, r in enumerate(requests)}
-        start, num_generated, done = time.perf_counter(), 0, set()
+        start, num_generated = time.perf_counter(), 0
+        outputs: dict[int, RequestOutput] = {}  # by index, each built once (detokenizing is the costly part)
         with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.scheduler.has_unfinished() or self._in_flight is not None:
                 sampled = self._step()
                 num_generated += len(sampled)
-                finished = {s.request.request_id for s in sampled if s.request.finished} - done
-                done |= finished
-                if on_finished is not None:
-                    for request_id in sorted(finished, key=index_of.get):
-                        on_finished(index_of[request_id], self._output(requests[index_of[request_id]]))
+                finished = sorted({index_of[s.request.request_id] for s in sampled if s.request.finished} - set(outputs))
+                for i in finished:
+                    outputs[i] = self._output(requests[i])
+                    if on_finished is not None:
+                        on_finished(i, outputs[i])
                 bar.update(len(finished))
                 bar.set_postfix(tok_s=f"{num_generated / (time.perf_counter() - start):.1f}", refresh=False)
         self.stats = {
@@ -256,7 +257,7 @@ class LLM:
             "num_preemptions": self.scheduler.num_preemptions,
         }
         self.stats["tokens_per_s"] = num_generated / max(self.stats["elapsed_s"], 1e-9)
-        return [self._output(r) for r in requests]
+        return [outputs[i] if i in outputs else self._output(r) for i, r in enumerate(requests)]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
