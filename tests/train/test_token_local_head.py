@@ -11,7 +11,7 @@ from barerl.model.model import Model, PackedBatch, SamplingFilter
 from barerl.train.data import Example
 from barerl.train.losses import PolicyLoss, per_token, sft_loss, sft_token_grad
 
-LENGTHS = (600, 7, 500)  # 1,107 tokens: a full chunk of the LM head, then a partial one
+LENGTHS = (600, 7, 500)  # 1,107 tokens, 1,097 with a loss: a full chunk of the LM head, then a partial one
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,9 @@ def _assert_fused_equals_unfused(model, batch, loss_fn, token_grad, sampling):
 
     loss, metrics, grads = _train_step(model, batch, loss_fn, sampling)
     fused_loss, fused_metrics, fused_grads = _train_step(model, batch, loss_fn, sampling, counted)
-    chunk = DEFAULT_LM_HEAD_CHUNK
-    assert calls == [(0, chunk), (chunk, batch.num_tokens)]  # the fused head ran, chunk by chunk
+    # the fused head ran chunk by chunk over the rows that carry a loss, each chunk seen as its span of tokens
+    chunk, rows = DEFAULT_LM_HEAD_CHUNK, np.flatnonzero(batch.loss_mask)
+    assert calls == [(rows[0], rows[chunk - 1] + 1), (rows[chunk], rows[-1] + 1)]
     assert fused_loss == pytest.approx(loss, rel=1e-6)
     assert fused_metrics == pytest.approx(metrics, rel=1e-6, abs=1e-9)
     np.testing.assert_allclose(fused_grads, grads, rtol=1e-6, atol=1e-9)

@@ -31,6 +31,7 @@ from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
 from barerl.model.checkpoint import load_checkpoint, resolve_dtype
 from barerl.model.forward import RopeContext, layer_activations, layer_forward, layer_output
+from barerl.model.loss_rows import LossRows
 from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
 from barerl.model.weights import ParameterBuffer, parameter_shapes
@@ -260,7 +261,14 @@ class Model:
         f = _as_filter(sampling)
         h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops)
         targets = self.xp.asarray(batch.targets)
-        loss, metrics, dh = self._head_and_loss(h, targets, loss_fn, token_grad, grads.lm_head, f)
+        rows = LossRows(self.xp, batch.loss_mask)
+        if rows.needed:  # the head on the rows that carry a loss only
+            loss, metrics, dh = self._head_and_loss(
+                rows.gather(h), rows.gather(targets), rows.loss_fn(loss_fn),
+                None if token_grad is None else rows.token_grad(token_grad), grads.lm_head, f)
+            dh = rows.scatter(dh)
+        else:
+            loss, metrics, dh = self._head_and_loss(h, targets, loss_fn, token_grad, grads.lm_head, f)
         dx = ops.rmsnorm_backward(dh, fwd.x_final, p.final_norm, fwd.rstd_final, grads.final_norm)
         rope, cu = fwd.rope, fwd.cu_seqlens
         for i in reversed(range(cfg.num_hidden_layers)):
