@@ -102,3 +102,32 @@ def test_chunks_with_offsets_round_as_one_launch(draw):
         cuda.adamw_step(p, grad[rows], m, v, mask[rows], **args, working_out=w, offset=rows.start)
     for name, got, want in zip(("master", "exp_avg", "exp_avg_sq", "working"), parts, whole, strict=True):
         assert bool((got.view(np.uint8) == want.view(np.uint8)).all()), name
+
+
+def test_a_master_held_as_its_low_halves_steps_as_the_fp32_one(draw):
+    """master_low16: the kernel rebuilds each master from its low half and the bf16 working weight (rounded
+    stochastically at step - 1), updates it, and keeps the new low half: the fp32 master's bits, step after
+    step, with the reference's."""
+    import cupy
+
+    from barerl.backend import cuda
+    from barerl.backend.ref.optim import master_from_low16
+
+    n, seed = 1_000_003, 77
+    master = draw.normal((n,), FP32)
+    working = ref.stochastic_round_bfloat16(master, seed, 4)  # as step 4 left them
+    low = master.view(np.uint32).astype(np.uint16)
+    moments = [draw.normal((n,), FP32, 1e-3), cupy.abs(draw.normal((n,), FP32, 1e-4))]
+    split = [m.copy() for m in moments]
+    working_split = working.copy()
+    for step in (5, 6):
+        grad = draw.normal((n,), FP32, 1e-2)
+        args = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "step": step,
+                "rounding_seed": seed}
+        cuda.adamw_step(master, grad, *moments, None, **args, working_out=working)
+        cuda.adamw_step(None, grad, *split, None, **args, working_out=working_split, master_low16=low)
+        for name, got, want in (("working", working_split, working), ("exp_avg", split[0], moments[0]),
+                                ("exp_avg_sq", split[1], moments[1])):
+            assert bool((got.view(np.uint8) == want.view(np.uint8)).all()), (name, step)
+        rebuilt = master_from_low16(working_split, low, seed, step)
+        assert bool((rebuilt.view(np.uint32) == master.view(np.uint32)).all()), step

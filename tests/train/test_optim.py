@@ -289,12 +289,20 @@ def _bits(array):
     return np.ascontiguousarray(array).view(np.uint8)
 
 
+def _low_halves(opt):
+    master = opt.master.flat
+    return (master.get() if hasattr(master, "get") else master).view(np.uint32).astype(np.uint16)
+
+
 def _assert_same_steps(streamed, plain) -> None:
     """Working weights, and the split state (each part where it lives, then whole again), bit for bit."""
     kept = streamed.kept
     np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    # bf16: the master went as its low halves (the working weights hold the rest); fp32 shares the model's
+    assert ("master_low16" in streamed._host) == (plain.params.flat.dtype != np.float32)
     for key, host in streamed._host.items():
-        whole = plain.decay_mask if key == "decay_mask" else getattr(plain, key).flat
+        whole = {"decay_mask": plain.decay_mask, "master_low16": _low_halves(plain)}.get(key)
+        whole = getattr(plain, key).flat if whole is None else whole
         assert isinstance(host, np.ndarray)  # (pinned) host memory on the GPU
         np.testing.assert_array_equal(_bits(host), _bits(whole[kept:]), key)
         np.testing.assert_array_equal(_bits(streamed._device[key]), _bits(whole[:kept]), key)
@@ -318,6 +326,59 @@ def test_offloaded_steps_stream_the_state_and_equal_plain_steps_bit_for_bit(monk
     n = plain.params.flat.shape[0]
     assert streamed.kept == n - round(share * n) and (streamed.kept > 0) == (share < 1)
     _assert_same_steps(streamed, plain)
+
+
+def test_a_master_held_as_its_low_halves_steps_as_the_fp32_one():
+    """The reference's master_low16: rebuilt from the working weights each step, updated, its low half kept;
+    the same bits as the fp32 master, step after step (offsets included)."""
+    import ml_dtypes
+
+    from barerl.backend.ref.optim import master_from_low16
+
+    n, offset, seed = 5000, 123, 7
+    rng = np.random.default_rng(0)
+    master = (rng.standard_normal(n) * 0.05).astype(ml_dtypes.bfloat16).astype(np.float32)  # on the grid: step 0
+    moments = [np.zeros(n, np.float32), np.zeros(n, np.float32)]
+    split = [np.zeros(n, np.float32), np.zeros(n, np.float32)]
+    working, working_split = master.astype(ml_dtypes.bfloat16), master.astype(ml_dtypes.bfloat16)
+    low = master.view(np.uint32).astype(np.uint16)
+    for step in range(1, 5):
+        grad = rng.standard_normal(n).astype(np.float32)
+        args = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.1, "step": step,
+                "rounding_seed": seed, "offset": offset}
+        ref.adamw_step(master, grad, *moments, None, working_out=working, **args)
+        ref.adamw_step(None, grad, *split, None, working_out=working_split, master_low16=low, **args)
+        np.testing.assert_array_equal(_bits(working_split), _bits(working))
+        np.testing.assert_array_equal(_bits(np.stack(split)), _bits(np.stack(moments)))
+        np.testing.assert_array_equal(_bits(master_from_low16(working_split, low, seed, step, offset)), _bits(master))
+    with pytest.raises(ValueError, match="rounding_seed"):
+        ref.adamw_step(None, grad, *split, None, working_out=working_split, master_low16=low,
+                       **{**args, "rounding_seed": None})
+
+
+@pytest.mark.parametrize("case", ["nearest rounding", "a master the working weights do not round from"])
+def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuild_it(monkeypatch, case):
+    """Round-to-nearest working weights, or a master that is not their stochastic rounding's source (a
+    checkpoint's, say): the master goes to the host whole, and the steps still equal the plain ones."""
+    import ml_dtypes
+
+    cfg = tiny_cfg()
+    init, grads = random_problem(cfg, steps=3, seed=6)
+    seed = None if case == "nearest rounding" else 11
+    opts = [AdamW(ParameterBuffer(cfg, init.astype(ml_dtypes.bfloat16)), ref, rounding_seed=seed) for _ in range(2)]
+    if seed is not None:
+        for opt in opts:
+            opt.master.flat[7] += 1.0  # a bf16 step away, at least: no rounding of it gives the working weight
+    streamed, plain = opts
+    streamed.offload(0.5)
+    assert "master" in streamed._host and "master_low16" not in streamed._host
+    for g in grads:
+        for opt in opts:
+            opt.zero_grad()
+            opt.grads.flat += g
+            opt.step(1e-2)
+    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["master"]), _bits(plain.master.flat))
 
 
 def test_offload_share_must_be_a_fraction():

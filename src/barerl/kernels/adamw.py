@@ -53,12 +53,17 @@ def adamw_step(
     working_out=None,
     rounding_seed: int | None = None,
     offset: int = 0,
+    master_low16=None,
 ) -> None:
     """One AdamW update, in place, on flat (N,) arrays (see backend.ref.optim.adamw_step); `offset`: element
-    0's index in the whole buffer (stochastic rounding's counter)."""
+    0's index in the whole buffer (stochastic rounding's counter); `master_low16`: the master as its low halves
+    (master None)."""
     if step < 1:
         raise ValueError(f"adamw_step: step is 1-based, got {step}")
-    n = master.shape[0]
+    require((master is None) != (master_low16 is None), "adamw_step: give master or master_low16, not both")
+    require(master_low16 is None or (rounding_seed is not None and master_low16.dtype == np.uint16),
+            "adamw_step: master_low16 (uint16) needs stochastic rounding (rounding_seed)")
+    n = (master if master is not None else master_low16).shape[0]
     for name, a in (
         ("master", master),
         ("grad", grad),
@@ -66,12 +71,13 @@ def adamw_step(
         ("exp_avg_sq", exp_avg_sq),
         ("decay_mask", decay_mask),
         ("working_out", working_out),
+        ("master_low16", master_low16),
     ):
         if a is not None:
             require(a.shape == (n,), f"adamw_step: {name} has shape {a.shape}, master has ({n},)")
             require(a.flags.c_contiguous, f"adamw_step: {name} must be dense")
     for name, a in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        require(a.dtype == np.float32, f"adamw_step: {name} must be fp32, got {a.dtype}")
+        require(a is None or a.dtype == np.float32, f"adamw_step: {name} must be fp32, got {a.dtype}")
     if decay_mask is not None and decay_mask.dtype != np.uint8:
         decay_mask = (
             decay_mask.view(np.uint8) if decay_mask.dtype == np.bool_ else decay_mask.astype(np.uint8)
@@ -87,7 +93,7 @@ def adamw_step(
             (_grid(n),),
             (_THREADS,),
             (
-                master,
+                ptr(master),
                 exp_avg,
                 exp_avg_sq,
                 ptr(working_out),
@@ -105,5 +111,6 @@ def adamw_step(
                 np.uint64(rounding_seed or 0),
                 np.int64(step),
                 np.int64(offset),
+                ptr(master_low16),
             ),
         )

@@ -169,7 +169,8 @@ class GRPOConfig(TrainConfig):
     offload_optimizer: bool = opt(False, "Keep the fp32 master weights and Adam moments in host memory and the "
                                   "(zero) gradients freed while the engine generates, so the GPU holds the "
                                   "working weights and the KV cache alone; each optimizer step streams the state "
-                                  "through the GPU in chunks (one host<->GPU round trip of it per step).")
+                                  "through the GPU in chunks (one host<->GPU round trip of it per step; the "
+                                  "master travels as its low 16 bits where bf16 working weights hold the rest).")
     offload_optimizer_ratio: float = opt(1.0, "With offload_optimizer: the share of the optimizer state kept in "
                                          "host memory; the rest stays on the GPU, which saves its round trip "
                                          "over the link each step for the GPU memory it takes.", gt=0.0, max=1.0)

@@ -28,6 +28,10 @@ Design:
   complement takes. The device holds the weights, the gradients, the kept part and two chunks' staging;
   results are bit-identical to a step on the device-resident state, and the state stays split (a later
   `offload()` just drops the gradients). state_dict and load_state_dict bring the state back (`restore()`).
+- An offloaded master is held as its low 16 bits where the bf16 working weights hold the rest (stochastic
+  rounding: backend.ref.optim.master_from_low16), checked element by element at the offload: 10 bytes a
+  parameter offloaded instead of 12, both ways. So while offloaded, the working weights are the master's
+  high halves: only `step` may write them (load_state_dict restores first).
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ from types import ModuleType
 
 import numpy as np
 
-from barerl.backend.ref.optim import BFLOAT16, stochastic_round_bfloat16
+from barerl.backend.ref.optim import BFLOAT16, master_from_low16, stochastic_round_bfloat16
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
 
 ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
 STREAM_CHUNK = 1 << 24  # elements per chunk of a streamed step: 64 MiB per fp32 array, 0.4 GiB of staging
+CHECK_CHUNK = 1 << 22  # elements per pass of the master's split into halves (bounds its temporaries)
 
 
 class AdamW:
@@ -109,9 +114,39 @@ class AdamW:
         return ARRAY_KEYS[1:] if self.shares_master else ARRAY_KEYS  # a shared master is the model itself
 
     def _state(self) -> dict[str, object]:
-        """The flat arrays an offload splits: master (unless shared), moments, decay mask (if any)."""
+        """The flat arrays an offload splits: the master (unless shared; as its low halves where the working
+        weights hold the rest), the moments, the decay mask (if any)."""
         state = {key: getattr(self, key).flat for key in self._offloadable()}
+        low = self._master_low_halves()
+        if low is not None:
+            state = {"master_low16": low} | {key: a for key, a in state.items() if key != "master"}
         return state | ({"decay_mask": self.decay_mask} if self.decay_mask is not None else {})
+
+    def _master_low_halves(self):
+        """The master's low 16 bits (uint16, where the master is), if the bf16 working weights are its
+        stochastic rounding at the last step, so that they rebuild it exactly (checked element by element);
+        else None."""
+        if self.shares_master or self.rounding_seed is None:
+            return None
+        master, xp = self.master.flat, self.xp
+        low = xp.empty(master.shape[0], np.uint16)
+        for start in range(0, master.shape[0], CHECK_CHUNK):
+            rows = slice(start, start + CHECK_CHUNK)
+            bits = master[rows].view(np.uint32)
+            low[rows] = bits.astype(np.uint16)
+            rebuilt = master_from_low16(self.params.flat[rows], low[rows], self.rounding_seed, self.step_count, start)
+            if not bool((rebuilt.view(np.uint32) == bits).all()):
+                return None
+        return low
+
+    def _master_from_low_halves(self, low):
+        xp, n = self.xp, low.shape[0]
+        master = xp.empty(n, np.float32)
+        for start in range(0, n, CHECK_CHUNK):
+            rows = slice(start, start + CHECK_CHUNK)
+            master[rows] = master_from_low16(self.params.flat[rows], low[rows], self.rounding_seed, self.step_count,
+                                             start)
+        return master
 
     def offload(self, share: float = 1.0) -> None:
         """The last `share` (0 < share <= 1) of the state to host memory, the rest kept on the device, the
@@ -144,13 +179,15 @@ class AdamW:
             whole[kept:] = host if xp is np else xp.asarray(host)
             if key == "decay_mask":
                 self.decay_mask = whole
+            elif key == "master_low16":
+                self.master = ParameterBuffer(self.params.cfg, self._master_from_low_halves(whole))
             else:
                 setattr(self, key, ParameterBuffer(self.params.cfg, whole))
         self._device, self.kept, self.offloaded = {}, 0, False
 
     def _to_host(self, key: str, device) -> None:
         """device's values into this key's host buffer (allocated on first use, kept for the next offload)."""
-        if key not in self._host or self._host[key].shape != device.shape:
+        if key not in self._host or self._host[key].shape != device.shape or self._host[key].dtype != device.dtype:
             self._host[key] = _host_buffer(self.xp, device.shape, device.dtype)
         if self.xp is np:
             self._host[key][...] = device
@@ -191,7 +228,7 @@ class AdamW:
         at a time (module docstring)."""
         xp, n, kept = self.xp, self.params.flat.shape[0], self.kept
         host, device = self._host, self._device
-        state_keys = self._offloadable()
+        state_keys = [key for key in host if key != "decay_mask"]  # what the update writes, back to the host
         copies = _PlainCopies() if xp is np else _CudaCopies(xp)
         if kept:  # on the current stream, while the copies stream starts the uploads
             self._update_slice(slice(0, kept), device, update)
@@ -211,9 +248,9 @@ class AdamW:
         """adamw_step on elements `rows` of the buffer, their master / moments / mask given in `state`."""
         working = self.params.flat[rows]
         self.backend.adamw_step(
-            working if self.shares_master else state["master"], self.grads.flat[rows], state["exp_avg"],
+            working if self.shares_master else state.get("master"), self.grads.flat[rows], state["exp_avg"],
             state["exp_avg_sq"], state.get("decay_mask"), working_out=None if self.shares_master else working,
-            offset=rows.start, **update,
+            offset=rows.start, master_low16=state.get("master_low16"), **update,
         )
 
     def hyperparameters(self) -> dict:
