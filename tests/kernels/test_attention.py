@@ -57,11 +57,12 @@ def test_attention(draw, dtype, head_dim, heads, lengths, config, monkeypatch):
     assert_close("lse", lse, lse_ref, dtype, 1e-3)
 
     do = draw.normal((T, H, head_dim), dtype)
-    dq, dk, dv = cuda.attention_backward(do, q, k, v, o, lse, cu, scale)
-    grads_ref = ref.attention_backward(f32(do), f32(q), f32(k), f32(v), f32(o), lse, cu, scale)
-    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), grads_ref, strict=True):
-        assert got.dtype == dtype
-        assert_close(name, got, want, dtype)
+    dqkv = cuda.attention_backward(do, q, k, v, o, lse, cu, scale)
+    want = ref.attention_backward(f32(do), f32(q), f32(k), f32(v), f32(o), lse, cu, scale)
+    assert dqkv.dtype == dtype and dqkv.shape == (T, (H + 2 * K) * head_dim)
+    cuts = np.cumsum([0, H, K, K]) * head_dim  # dq, dk, dv side by side
+    for name, a, b in zip(("dq", "dk", "dv"), cuts[:-1], cuts[1:], strict=True):
+        assert_close(name, dqkv[:, a:b], want[:, a:b], dtype)
 
 
 def test_attention_writes_everything(draw):

@@ -137,7 +137,8 @@ def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, c
 
 
 def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
-    """Gradient of `attention`, recomputing the probabilities from lse. Returns dq, dk, dv."""
+    """Gradient of `attention`, recomputing the probabilities from lse. Returns dqkv (T, (H + 2K) D): dq, dk
+    and dv side by side, as the fused qkv rows q, k and v are views of (backend.ref.attention_backward)."""
     import cupy
 
     if not _kernel_covers(q):
@@ -152,11 +153,10 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
     K = k.shape[1]
     kernel, defines, cu, num_seqs = _setup(q, k, v, cu_seqlens, "flash_attention_backward")
     dq_accum = cupy.zeros((T, H, D), np.float32)
-    dq = cupy.empty((T, H, D), q.dtype)
-    dk = cupy.empty((T, K, D), q.dtype)
-    dv = cupy.empty((T, K, D), q.dtype)
+    dqkv = cupy.empty((T, (H + 2 * K) * D), q.dtype)
     if not T:
-        return dq, dk, dv
+        return dqkv
+    dk, dv = dqkv[:, H * D : (H + K) * D], dqkv[:, (H + K) * D :]  # the kernel writes rows of these views
     delta = cupy.empty((H, T), np.float32)
     load_kernel("flash_attention.cu", "attention_delta", defines)(
         (max(1, min(-(-T * H // 4), multiprocessors() * 16)),),
@@ -189,10 +189,12 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
             np.int32(T),
             np.float32(scale),
             np.float32(scale * _LOG2E),
+            np.int64(dqkv.shape[1]),
         ),
         shared_mem=smem,
     )
-    load_kernel("flash_attention.cu", "round_to_dtype", defines)(
-        (num_blocks(dq.size, 256),), (256,), (dq, dq_accum, np.int64(dq.size))
+    load_kernel("flash_attention.cu", "round_rows_to_dtype", defines)(
+        (num_blocks(dq_accum.size, 256),), (256,),
+        (dqkv, dq_accum, np.int64(T), np.int64(H * D), np.int64(dqkv.shape[1])),
     )
-    return dq, dk, dv
+    return dqkv

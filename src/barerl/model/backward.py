@@ -25,11 +25,8 @@ def layer_backward(
     # x_mid = x_in + o_proj(o)
     d_o = ops.linear_backward(dx_mid, a.o.reshape(T, cfg.q_size), w.o_proj, g.o_proj)
     q, k, v = split_heads(cfg, a.qkv_rot)
-    dq, dk, dv = ops.attention_backward(
+    d_qkv_rot = ops.attention_backward(
         d_o.reshape(T, cfg.num_attention_heads, cfg.head_dim), q, k, v, a.o, a.lse, cu_seqlens, scale
-    )
-    d_qkv_rot = ops.xp_of(dq).concatenate(
-        [dq.reshape(T, -1), dk.reshape(T, -1), dv.reshape(T, -1)], axis=1
     )
     d_qkv = ops.qk_norm_rope_backward(
         d_qkv_rot, a.qkv, rope.positions, rope.cos, rope.sin, cfg.num_attention_heads,

@@ -238,7 +238,8 @@ def attention(q, k, v, cu_seqlens, scale):
 
 
 def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
-    """Gradient of `attention`, recomputing the probabilities from lse. Returns dq, dk, dv."""
+    """Gradient of `attention`, recomputing the probabilities from lse. Returns dqkv (T, (H + 2K) D) in q's
+    dtype: dq, dk and dv side by side per token, the layout of the fused qkv rows that q, k, v are views of."""
     xp = xp_of(q)
     T, H, D = q.shape
     K = k.shape[1]
@@ -261,7 +262,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
         dks = ds.transpose(0, 2, 1) @ qs  # (H, L, D)
         dk[a:b] = dks.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
         dv[a:b] = dvs.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return xp.concatenate([dq.reshape(T, -1), dk.reshape(T, -1), dv.reshape(T, -1)], axis=1).astype(q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //          P = exp(S - lse); dV = P^T dO; dP = dO V^T; dS = P * (dP - delta); dQ = dS K * scale; dK = dS^T Q * scale.
 // Shapes:  q (T, H, D), k and v (T, K, D): rows (tokens) may be strided (views of a fused qkv; stride a multiple
 //          of 8 elements), heads and dims dense; o, dout (T, H, D) dense; lse, delta (H, T) fp32;
-//          dq_accum (T, H, D) fp32, zeroed by the caller, filled with atomicAdd; dk, dv (T, K, D) dense.
+//          dq_accum (T, H, D) fp32, zeroed by the caller, filled with atomicAdd; dk, dv (T, K, D), heads and
+//          dims dense, token rows dkv_stride elements apart (views of the fused dqkv).
 //          cu_seqlens (S + 1,) int32. D = HEAD_DIM (64 or 128, compile-time).
 // Launch:  forward: FWD_WARPS warps, each owns 16 FWD_MT query rows (FWD_BM = 16 FWD_MT FWD_WARPS per block); grid (tiles, H)
 //          with tiles >= sum_s ceil(L_s / FWD_BM) (the launcher uses ceil(T / FWD_BM) + S); block b finds its
@@ -456,10 +457,13 @@ extern "C" __global__ void attention_delta(float* __restrict__ delta, const scal
     }
 }
 
-// out[i] = in[i] rounded to DTYPE (dq_accum -> dq).
-extern "C" __global__ void round_to_dtype(scalar_t* __restrict__ out, const float* __restrict__ in, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = from_float<scalar_t>(in[i]);
+// out[r, c] = in[r, c] rounded to DTYPE, in (rows, cols) dense, out's rows out_stride elements apart
+// (dq_accum -> dq, a view of the fused dqkv).
+extern "C" __global__ void round_rows_to_dtype(scalar_t* __restrict__ out, const float* __restrict__ in,
+                                               long long rows, long long cols, long long out_stride) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i / cols * out_stride + i % cols] = from_float<scalar_t>(in[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backward(
@@ -467,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
     const scalar_t* __restrict__ q, const scalar_t* __restrict__ k, const scalar_t* __restrict__ v,
     const scalar_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
     const int* __restrict__ cu_seqlens, int num_seqs, int num_heads, int num_kv_heads, long long q_stride,
-    long long k_stride, long long v_stride, int tokens, float scale, float scale_log2) {
+    long long k_stride, long long v_stride, int tokens, float scale, float scale_log2, long long dkv_stride) {
     extern __shared__ __align__(16) unsigned char smem[];
     scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
     scalar_t* sV = sK + BWD_BN * LD;
@@ -640,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backwa
     for (int r = 0; r < 2; ++r) {
         const int key = key_a + 8 * r;
         if (key >= len) continue;
-        const long long row = ((long long)(start + key) * num_kv_heads + kvh) * D + 2 * t;
+        const long long row = (long long)(start + key) * dkv_stride + kvh * D + 2 * t;
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) {
             *reinterpret_cast<unsigned*>(dk + row + nt * 8) =
