@@ -10,6 +10,7 @@ from barerl.kernels.launch import (
     finish_accumulation,
     fp32_accumulator,
     multiprocessors,
+    ptr,
     require,
     reserve_shared_memory,
 )
@@ -48,11 +49,15 @@ def rmsnorm(x, w, eps):
     return y, rstd
 
 
-def rmsnorm_backward(dy, x, w, rstd, dw):
-    """dw (C,) += sum over rows of dy * x_hat; returns dx like x."""
+def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
+    """dw (C,) += sum over rows of dy * x_hat; returns dx like x (+ residual_grad, added in fp32)."""
     import cupy
 
     x, dy = contiguous(x), contiguous(dy.astype(x.dtype, copy=False))
+    if residual_grad is not None:
+        residual_grad = contiguous(residual_grad.astype(x.dtype, copy=False))
+        require(residual_grad.shape == x.shape,
+                f"rmsnorm_backward: residual_grad {residual_grad.shape} does not match x {x.shape}")
     w = contiguous(w.astype(x.dtype, copy=False))
     rows, cols = _check(x, w)
     dx = cupy.empty_like(x)
@@ -63,7 +68,7 @@ def rmsnorm_backward(dy, x, w, rstd, dw):
         kernel(
             (_grid(rows, 16),),
             (32 * _ROWS_PER_BLOCK,),  # fewer blocks: fewer dw atomics
-            (dx, acc, dy, x, w, contiguous(rstd), np.int32(rows), np.int32(cols)),
+            (dx, acc, dy, x, w, contiguous(rstd), ptr(residual_grad), np.int32(rows), np.int32(cols)),
             shared_mem=smem,
         )
     finish_accumulation(dw, acc)

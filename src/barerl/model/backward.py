@@ -2,7 +2,7 @@
 
 Weight gradients accumulate into `g` (a LayerView of the gradient buffer, same layout as the weights);
 the returned array is the gradient of the layer input. The residual stream's gradient flows straight
-through both residual adds, so it is added, not recomputed.
+through both residual adds, so each norm's backward adds it to its own (in fp32, before rounding once).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def layer_backward(
     d_act = ops.linear_backward(dx_out, a.act, w.down, g.down)
     d_gate_up = ops.swiglu_backward(d_act, a.gate_up)
     d_h2 = ops.linear_backward(d_gate_up, a.h2, w.gate_up, g.gate_up)
-    dx_mid = dx_out + ops.rmsnorm_backward(d_h2, a.x_mid, w.post_norm, a.rstd2, g.post_norm)
+    dx_mid = ops.rmsnorm_backward(d_h2, a.x_mid, w.post_norm, a.rstd2, g.post_norm, residual_grad=dx_out)
     # x_mid = x_in + o_proj(o)
     d_o = ops.linear_backward(dx_mid, a.o.reshape(T, cfg.q_size), w.o_proj, g.o_proj)
     q, k, v = split_heads(cfg, a.qkv_rot)
@@ -33,4 +33,4 @@ def layer_backward(
         cfg.num_key_value_heads, w.q_norm, w.k_norm, a.q_rstd, a.k_rstd, g.q_norm, g.k_norm,
     )
     d_h1 = ops.linear_backward(d_qkv, a.h1, w.qkv, g.qkv, g.qkv_bias)
-    return dx_mid + ops.rmsnorm_backward(d_h1, a.x_in, w.input_norm, a.rstd1, g.input_norm)
+    return ops.rmsnorm_backward(d_h1, a.x_in, w.input_norm, a.rstd1, g.input_norm, residual_grad=dx_mid)

@@ -101,13 +101,16 @@ def rmsnorm(x, w, eps):
     return y.astype(x.dtype, copy=False), rstd.astype(np.float32, copy=False)
 
 
-def rmsnorm_backward(dy, x, w, rstd, dw):
-    """dw (C,) += sum over rows of dy * x_hat; returns dx (T, C) in x's dtype."""
+def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
+    """dw (C,) += sum over rows of dy * x_hat; returns dx (T, C) in x's dtype, plus residual_grad (the
+    residual stream's gradient around the norm) when given, added in fp32 before the rounding."""
     xf, dyf = _f32(x), _f32(dy)
     xhat = xf * rstd[..., None]
     dxhat = dyf * _f32(w)
     dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
     dx = rstd[..., None] * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    if residual_grad is not None:
+        dx += _f32(residual_grad)
     return dx.astype(x.dtype, copy=False)
 
 

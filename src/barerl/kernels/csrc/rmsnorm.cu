@@ -2,7 +2,8 @@
 //
 // Math:    rstd[t] = 1 / sqrt(mean_c x[t,c]^2 + eps);  y[t,c] = x[t,c] * rstd[t] * w[c]
 //          backward, with xhat = x * rstd and g = dy * w:
-//          dx[t,c] = rstd[t] * (g[t,c] - xhat[t,c] * mean_c(g * xhat)[t]);   dw[c] += sum_t dy[t,c] * xhat[t,c]
+//          dx[t,c] = rstd[t] * (g[t,c] - xhat[t,c] * mean_c(g * xhat)[t]) (+ residual_grad[t,c], when given: the
+//          residual stream's gradient, added in fp32 before dx is rounded);   dw[c] += sum_t dy[t,c] * xhat[t,c]
 // Shapes:  x, y, dy, dx (T, C) DTYPE, rows contiguous, C % VEC == 0; w (C,) DTYPE; rstd (T,) fp32;
 //          dw (C,) fp32, accumulated (the caller zeroes it once per optimizer step).
 // Launch:  one warp per row, ROWS_PER_BLOCK (4) warps per block, grid-stride over rows; 16-byte accesses.
@@ -80,9 +81,20 @@ extern "C" __global__ void rmsnorm_forward(scalar_t* __restrict__ y, float* __re
 }
 
 // Rows longer than the register cache: two passes per row, dw sums in this warp's shared-memory slice.
+// v += residual_grad[at .. at + VEC), where it is given.
+__device__ __forceinline__ void add_residual_grad(float (&v)[VEC], const scalar_t* __restrict__ residual_grad,
+                                                  long long at) {
+    if (residual_grad == nullptr) return;
+    float r[VEC];
+    load_vec(residual_grad + at, r);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] += r[i];
+}
+
 __device__ void backward_long_rows(scalar_t* __restrict__ dx, float* my_dw, const scalar_t* __restrict__ dy,
                                    const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
-                                   const float* __restrict__ rstd_in, int rows, int cols, int warp, int lane) {
+                                   const float* __restrict__ rstd_in, const scalar_t* __restrict__ residual_grad,
+                                   int rows, int cols, int warp, int lane) {
     for (int c = lane; c < cols; c += 32) my_dw[c] = 0.0f;
     __syncwarp();
     for (int row = blockIdx.x * ROWS_PER_BLOCK + warp; row < rows; row += gridDim.x * ROWS_PER_BLOCK) {
@@ -109,6 +121,7 @@ __device__ void backward_long_rows(scalar_t* __restrict__ dx, float* my_dw, cons
             load_vec(w + c, wv);
 #pragma unroll
             for (int i = 0; i < VEC; ++i) dv[i] = rstd * (dv[i] * wv[i] - xv[i] * rstd * mean_dot);
+            add_residual_grad(dv, residual_grad, base + c);
             store_vec(dx + base + c, dv);
         }
     }
@@ -117,7 +130,8 @@ __device__ void backward_long_rows(scalar_t* __restrict__ dx, float* my_dw, cons
 // Rows that fit the register cache: each lane owns fixed columns, so w and its dw sums stay in registers.
 __device__ void backward_short_rows(scalar_t* __restrict__ dx, float* my_dw, const scalar_t* __restrict__ dy,
                                     const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
-                                    const float* __restrict__ rstd_in, int rows, int cols, int warp, int lane) {
+                                    const float* __restrict__ rstd_in, const scalar_t* __restrict__ residual_grad,
+                                    int rows, int cols, int warp, int lane) {
     float wv[MAX_VECS][VEC], dw_sum[MAX_VECS][VEC];
     load_row(wv, w, cols, lane);
 #pragma unroll
@@ -148,6 +162,7 @@ __device__ void backward_short_rows(scalar_t* __restrict__ dx, float* my_dw, con
             if (c >= cols) continue;
 #pragma unroll
             for (int k = 0; k < VEC; ++k) dv[i][k] = rstd * (dv[i][k] * wv[i][k] - xv[i][k] * mean_dot);
+            add_residual_grad(dv[i], residual_grad, base + c);
             store_vec(dx + base + c, dv[i]);
         }
     }
@@ -163,13 +178,16 @@ __device__ void backward_short_rows(scalar_t* __restrict__ dx, float* my_dw, con
 extern "C" __global__ void rmsnorm_backward(scalar_t* __restrict__ dx, float* __restrict__ dw,
                                             const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
                                             const scalar_t* __restrict__ w, const float* __restrict__ rstd_in,
-                                            int rows, int cols) {
+                                            const scalar_t* __restrict__ residual_grad, int rows, int cols) {
     extern __shared__ float dw_partial[];  // (ROWS_PER_BLOCK, cols): each warp's dw sums
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     float* my_dw = dw_partial + warp * cols;
-    if (cols <= 32 * VEC * MAX_VECS) backward_short_rows(dx, my_dw, dy, x, w, rstd_in, rows, cols, warp, lane);
-    else backward_long_rows(dx, my_dw, dy, x, w, rstd_in, rows, cols, warp, lane);
+    if (cols <= 32 * VEC * MAX_VECS) {
+        backward_short_rows(dx, my_dw, dy, x, w, rstd_in, residual_grad, rows, cols, warp, lane);
+    } else {
+        backward_long_rows(dx, my_dw, dy, x, w, rstd_in, residual_grad, rows, cols, warp, lane);
+    }
     __syncthreads();
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float sum = 0.0f;
