@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from kernel_harness import BF16, FP16, FP32, assert_close, cu_seqlens, f32, poison
 

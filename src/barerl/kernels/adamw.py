@@ -77,7 +77,8 @@ def adamw_step(
             require(a.shape == (n,), f"adamw_step: {name} has shape {a.shape}, master has ({n},)")
             require(a.flags.c_contiguous, f"adamw_step: {name} must be dense")
     for name, a in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        require(a is None or a.dtype == np.float32, f"adamw_step: {name} must be fp32, got {a.dtype}")
+        if a is not None:
+            require(a.dtype == np.float32, f"adamw_step: {name} must be fp32, got {a.dtype}")
     if decay_mask is not None and decay_mask.dtype != np.uint8:
         decay_mask = (
             decay_mask.view(np.uint8) if decay_mask.dtype == np.bool_ else decay_mask.astype(np.uint8)

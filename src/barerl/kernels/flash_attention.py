@@ -13,7 +13,7 @@ import numpy as np
 
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
-from barerl.kernels.launch import contiguous, multiprocessors, num_blocks, require, reserve_shared_memory
+from barerl.kernels.launch import contiguous, multiprocessors, require, reserve_shared_memory
 from barerl.kernels.paged_attention import paged_attention, paged_inputs
 
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
@@ -194,7 +194,7 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
         shared_mem=smem,
     )
     load_kernel("flash_attention.cu", "round_rows_to_dtype", defines)(
-        (num_blocks(dq_accum.size, 256),), (256,),
-        (dqkv, dq_accum, np.int64(T), np.int64(H * D), np.int64(dqkv.shape[1])),
+        (min(T, multiprocessors() * 16),), (256,),
+        (dqkv, dq_accum, np.int64(T), np.int32(H * D), np.int64(dqkv.shape[1])),
     )
     return dqkv

@@ -458,12 +458,12 @@ extern "C" __global__ void attention_delta(float* __restrict__ delta, const scal
 }
 
 // out[r, c] = in[r, c] rounded to DTYPE, in (rows, cols) dense, out's rows out_stride elements apart
-// (dq_accum -> dq, a view of the fused dqkv).
+// (dq_accum -> dq, a view of the fused dqkv). Blocks stride over rows, threads over a row's columns.
 extern "C" __global__ void round_rows_to_dtype(scalar_t* __restrict__ out, const float* __restrict__ in,
-                                               long long rows, long long cols, long long out_stride) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < rows * cols;
-         i += (long long)gridDim.x * blockDim.x)
-        out[i / cols * out_stride + i % cols] = from_float<scalar_t>(in[i]);
+                                               long long rows, int cols, long long out_stride) {
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x)
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            out[r * out_stride + c] = from_float<scalar_t>(in[r * cols + c]);
 }
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) flash_attention_backward(
