@@ -83,8 +83,9 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
         run.optimizer.offload(cfg.offload_optimizer_ratio)
     if "num_kv_blocks" not in engine and cfg.max_prompt_length is not None:
-        needed = rollout_kv_blocks(cfg, EngineConfig(**engine).block_size)
-        engine["num_kv_blocks"] = min(needed, kv_blocks_in_budget(model, EngineConfig(**engine)))
+        engine_cfg = EngineConfig(**engine)
+        engine["num_kv_blocks"] = min(rollout_kv_blocks(cfg, engine_cfg.block_size),
+                                      kv_blocks_in_budget(model, engine_cfg))
     llm = LLM(model, tokenizer, **engine)
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
