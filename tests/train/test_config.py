@@ -117,6 +117,12 @@ def test_cross_field_validation():
         GRPOConfig(per_device_train_batch_size=6, num_generations=4)
     with pytest.raises(ConfigError, match="set at most one"):
         GRPOConfig(generation_batch_size=16, steps_per_generation=2)
+    with pytest.raises(ConfigError, match="offload_optimizer_ratio=0.5: applies only with offload_optimizer"):
+        GRPOConfig(offload_optimizer_ratio=0.5)
+    assert GRPOConfig(offload_optimizer=True, offload_optimizer_ratio=0.5).offload_optimizer_ratio == 0.5
+    for ratio in (0.0, 1.5):  # the share must be in (0, 1]
+        with pytest.raises(ConfigError, match="offload_optimizer_ratio"):
+            GRPOConfig(offload_optimizer=True, offload_optimizer_ratio=ratio)
     assert GRPOConfig(generation_batch_size=32).effective_steps_per_generation == 4
     assert GRPOConfig(resume_from_checkpoint="true").resume_from_checkpoint == "latest"
     with pytest.raises(ConfigError, match="report_to"):

@@ -213,6 +213,9 @@ class GRPOConfig(TrainConfig):
                               f"{len(self.reward_funcs)} reward_funcs {list(self.reward_funcs)}")
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ConfigError("generation_batch_size and steps_per_generation: set at most one")
+        if self.offload_optimizer_ratio != 1.0 and not self.offload_optimizer:
+            raise ConfigError(f"offload_optimizer_ratio={self.offload_optimizer_ratio}: applies only with "
+                              "offload_optimizer=true (nothing is offloaded without it)")
         if self.effective_generation_batch_size % self.num_generations:
             raise ConfigError(
                 f"num_generations: the generation batch ({self.effective_generation_batch_size} completions) "
