@@ -26,7 +26,10 @@ SCRIPTS = {  # workload: commands, each writing its results under the output fol
     "G1": [["bench_generate.py", "--workloads", "G1", "--csv", "{out}/generate_G1.csv"]],
     "G2": [["bench_generate.py", "--workloads", "G2", "--csv", "{out}/generate_G2.csv"]],
     "T1": [["bench_train_step.py", "--json", "{out}/t1.json"]],
-    "R1": [["bench_grpo_step.py", "--json", "{out}/r1.json"], ["bench_grpo_trl.py", "--json", "{out}/r1_trl.json"]],
+    # R1 in the setting below TRL's memory (README, Benchmarks): batch_invariant off, 16 decode steps per launch,
+    # 55% of the optimizer state in host memory
+    "R1": [["bench_grpo_step.py", "--batch-invariant", "off", "--num-scheduler-steps", "16", "--offload-optimizer",
+            "0.55", "--json", "{out}/r1.json"], ["bench_grpo_trl.py", "--json", "{out}/r1_trl.json"]],
 }
 FIELDS = ["workload", "metric", "barerl", "peer", "peer_value", "ratio", "barerl_peak_gib", "peer_peak_gib", "notes"]
 
@@ -87,7 +90,7 @@ def grpo_rows(out: Path) -> list[dict]:
     def phases(r):
         return "/".join(f"{r[f'time/{k}']:.2f}" for k in ("generate", "score", "train"))
 
-    notes = f"generate/score/train s: barerl {phases(ours)}" + (f", TRL {phases(peer)}" if peer else "")
+    notes = f"{ours['system']}; generate/score/train s: barerl {phases(ours)}" + (f", TRL {phases(peer)}" if peer else "")
     return [row("R1", "s/step (lower is better)", ours["step_s"], peer["system"] if peer else "TRL",
                 peer["step_s"] if peer else None, higher_is_better=False, barerl_peak=ours.get("peak_gib"),
                 peer_peak=peer.get("peak_gib") if peer else None, notes=notes)]
