@@ -357,7 +357,7 @@ def test_a_master_held_as_its_low_halves_steps_as_the_fp32_one():
 
 
 @pytest.mark.parametrize("case", ["nearest rounding", "a master the working weights do not round from"])
-def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuild_it(monkeypatch, case):
+def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuild_it(case):
     """Round-to-nearest working weights, or a master that is not their stochastic rounding's source (a
     checkpoint's, say): the master goes to the host whole, and the steps still equal the plain ones."""
     import ml_dtypes
