@@ -243,7 +243,8 @@ class LLM:
             while self.scheduler.has_unfinished() or self._in_flight is not None:
                 sampled = self._step()
                 num_generated += len(sampled)
-                finished = sorted({index_of[s.request.request_id] for s in sampled if s.request.finished} - set(outputs))
+                finished = sorted({index_of[s.request.request_id] for s in sampled if s.request.finished}
+                                  - outputs.keys())
                 for i in finished:
                     outputs[i] = self._output(requests[i])
                     if on_finished is not None:

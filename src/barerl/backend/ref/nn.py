@@ -110,6 +110,8 @@ def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
     dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
     dx = rstd[..., None] * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     if residual_grad is not None:
+        if residual_grad.shape != x.shape:  # as the kernel's launcher: a broadcast would hide a caller's bug
+            raise ValueError(f"rmsnorm_backward: residual_grad {residual_grad.shape} does not match x {x.shape}")
         dx += _f32(residual_grad)
     return dx.astype(x.dtype, copy=False)
 
