@@ -64,17 +64,25 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / ms / 1e6  # GB/s, bytes read + written
 
 
-def attention_case(rng, contexts, new_tokens):
-    """Arguments of paged_attention for sequences with these context lengths and new tokens each."""
+def attention_case(rng, contexts, new_tokens, shared_blocks: int = 0, group: int = 1):
+    """Arguments of paged_attention for sequences with these context lengths and new tokens each; with
+    shared_blocks, each run of `group` sequences shares its first blocks (GRPO's samples of one prompt)."""
     import cupy
 
     blocks = -(-contexts // BLOCK)
-    num_blocks = int(blocks.sum())
+    own = blocks.copy()
+    own[np.arange(len(contexts)) % group != 0] -= shared_blocks  # the group's first sequence owns the prompt
+    num_blocks = int(own.sum())
     physical = rng.permutation(num_blocks).astype(np.int32)
     tables = np.zeros((len(contexts), int(blocks.max())), np.int32)
-    offsets = np.concatenate([[0], np.cumsum(blocks)])
+    offsets = np.concatenate([[0], np.cumsum(own)])
     for s in range(len(contexts)):
-        tables[s, :blocks[s]] = physical[offsets[s]:offsets[s + 1]]
+        mine = physical[offsets[s]:offsets[s + 1]]
+        if s % group:
+            first = tables[s - s % group]
+            tables[s, :blocks[s]] = np.concatenate([first[:shared_blocks], mine])
+        else:
+            tables[s, :blocks[s]] = mine
     cu = np.concatenate([[0], np.cumsum(new_tokens)]).astype(np.int32)
     T = int(cu[-1])
 

@@ -1,7 +1,7 @@
 """Attention kernels at T1 shape (16 x 1152, H16 K8 D128): one forward and one backward launch for a profiler
 (`ncu -k regex:flash_attention`), then torch's SDPA flash kernels on the same data as a peer, timed.
 
---paged instead times paged attention's decode cases (G1, G1 ragged, G2, one 32k sequence) for each cp.async
+--paged instead times paged attention's decode cases (G1, G1 ragged, G2, one 32k sequence, G1 with each prompt's blocks shared by its 8 samples) for each cp.async
 pipeline shape UNROLL,STAGES given (none given: paged_attention.py's _UNROLL, _STAGES, which
 bench/with_settings.py can set), device time from CUDA-graph replays (bench_decode_kernels.gpu_ms) and GB/s
 of the K/V read.
@@ -54,7 +54,7 @@ def flash(with_peer: bool) -> None:
 
 def paged(shapes: list[tuple[int, int]]) -> None:
     """Decode paged attention per pipeline shape; an empty list times paged_attention.py's own."""
-    from bench_decode_kernels import attention_case, gpu_ms
+    from bench_decode_kernels import BLOCK, attention_case, gpu_ms
 
     from barerl.backend import cuda
     from barerl.kernels import paged_attention
@@ -63,6 +63,9 @@ def paged(shapes: list[tuple[int, int]]) -> None:
     contexts = {"G1 64 x 640": np.full(64, 640), "G1 ragged 64 x 128..1152": rng.integers(128, 1153, 64),
                 "G2 256 x 384": np.full(256, 384), "1 x 32k": np.full(1, 32768)}
     cases = {name: attention_case(rng, lens, np.ones(len(lens), np.int64)) for name, lens in contexts.items()}
+    # G1 as the engine holds it: each prompt's 8 samples share its 128 tokens' blocks (bytes counted per read)
+    cases["G1 64 x 640, 8 share 128"] = attention_case(rng, np.full(64, 640), np.ones(64, np.int64),
+                                                         128 // BLOCK, 8)
     print(f"{'UNROLL,STAGES':<15}{'case':<26}{'us':>9}{'GB/s':>8}")
     for unroll, stages in shapes or [(paged_attention._UNROLL, paged_attention._STAGES)]:
         paged_attention._UNROLL, paged_attention._STAGES = unroll, stages
