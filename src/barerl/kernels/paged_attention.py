@@ -33,7 +33,6 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
-_NEWEST_FIRST = 0
 
 
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:
@@ -89,7 +88,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
-               "UNROLL": _UNROLL, "STAGES": _STAGES, "NEWEST_FIRST": _NEWEST_FIRST}
+               "UNROLL": _UNROLL, "STAGES": _STAGES}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out

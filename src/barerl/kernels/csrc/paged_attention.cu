@@ -48,9 +48,6 @@ constexpr int NTG = THREADS / TPT;   // token groups of a CTA
 #ifndef STAGES
 #define STAGES 2  // rounds in the cp.async shared-memory ring
 #endif
-#ifndef NEWEST_FIRST
-#define NEWEST_FIRST 0
-#endif
 static_assert(HEAD_DIM % VEC == 0 && TPT <= 32 && (TPT & (TPT - 1)) == 0, "unsupported HEAD_DIM for DTYPE");
 static_assert(GROUP >= 1 && GROUP <= 16, "GROUP (query heads per kv head) must be 1..16");
 static_assert(UNROLL >= 1 && STAGES >= 1, "UNROLL and STAGES must be at least 1");
@@ -160,31 +157,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
     // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
     constexpr int ROUND = NTG * UNROLL;
-    const int rounds = (end - start + ROUND - 1) / ROUND;
-#if NEWEST_FIRST
-    auto round_base = [&](int i) { return start + (rounds - 1 - i) * ROUND; };
-#else
-    auto round_base = [&](int i) { return start + i * ROUND; };
-#endif
     __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
-    auto request = [&](int i, int slot) {  // round i's K and V (zeros past end and past the last round)
-        const int base = round_base(i);
+    auto request = [&](int base, int slot) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int j = base + u * NTG + tg;
-            const bool in = i < rounds && j < end;
-            const long long row = in ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
-            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, in ? 16 : 0);
-            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, in ? 16 : 0);
+            const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
+            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
+            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) request(i, i);
+    for (int i = 0; i < STAGES - 1; ++i) request(start + i * ROUND, i);
     int slot = 0;
-    for (int i = 0; i < rounds; ++i) {
-        const int base = round_base(i);
-        request(i + STAGES - 1, (slot + STAGES - 1) % STAGES);
+    for (int base = start; base < end; base += ROUND) {
+        request(base + (STAGES - 1) * ROUND, (slot + STAGES - 1) % STAGES);
         cp_async_wait<STAGES - 1>();  // of the STAGES groups in flight, the oldest (this round's) has landed
         uint4 k_raw[UNROLL], v_raw[UNROLL];
 #pragma unroll
