@@ -17,7 +17,8 @@ pytestmark = pytest.mark.gpu
 BLOCK_SIZE = 16
 
 
-def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_context, prefill):
+def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_context, prefill,
+               block_size=BLOCK_SIZE):
     """Random q, caches, shuffled block tables; returns the op's arguments (cu_seqlens_q last but scale)."""
     import cupy
 
@@ -27,7 +28,7 @@ def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_con
     new = rng.integers(1, np.minimum(contexts, 40) + 1) if prefill else np.ones(num_seqs, np.int64)
     if prefill:
         new[-1] = contexts[-1]  # one sequence with no cached prefix
-    blocks_per_seq = -(-contexts // BLOCK_SIZE)
+    blocks_per_seq = -(-contexts // block_size)
     num_blocks = int(blocks_per_seq.sum()) + 5
     physical = rng.permutation(num_blocks)
     max_blocks = int(blocks_per_seq.max()) + 3  # padding columns the kernel must never read
@@ -38,8 +39,8 @@ def make_batch(draw, dtype, num_seqs, num_heads, num_kv_heads, head_dim, max_con
         start += n
     cu = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
     q = draw.normal((int(cu[-1]), num_heads, head_dim), dtype)
-    k_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
-    v_cache = draw.normal((num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype)
+    k_cache = draw.normal((num_blocks, block_size, num_kv_heads, head_dim), dtype)
+    v_cache = draw.normal((num_blocks, block_size, num_kv_heads, head_dim), dtype)
     lens = cupy.asarray(contexts.astype(np.int32))
     return q, k_cache, v_cache, cupy.asarray(tables), lens, cupy.asarray(cu)
 
@@ -85,6 +86,14 @@ def test_small_head_dims_and_wide_groups(draw, head_dim, group, dtype, prefill):
     """The tiny test models' shapes (head_dim 16/32) and 8 query heads per kv head."""
     batch = make_batch(draw, dtype, 4, group, 1, head_dim, 100, prefill)
     run_and_compare(*batch, dtype)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 8, 32])
+@pytest.mark.parametrize("num_seqs,max_context,prefill", [(3, 700, False), (40, 200, False), (5, 200, True)])
+def test_block_sizes(draw, block_size, num_seqs, max_context, prefill):
+    """Block sizes the default 4-token runs divide (8, 32: one table lookup a run) and do not (1, 5)."""
+    batch = make_batch(draw, BF16, num_seqs, 16, 8, 128, max_context, prefill, block_size)
+    run_and_compare(*batch, BF16)
 
 
 def test_fp32_queries_on_bf16_cache(draw):

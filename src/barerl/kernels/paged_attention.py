@@ -88,14 +88,14 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     S, max_blocks = block_tables.shape
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
-               "UNROLL": _UNROLL, "STAGES": _STAGES}
+               "KV_HEADS": K, "BLOCK_SIZE": block_size, "UNROLL": _UNROLL, "STAGES": _STAGES}
     out = cupy.empty((T, H, D), q.dtype)
     o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
     lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
     kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
     kernel((splits, K, T), (_THREADS,),
            (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
-            i32(K), i32(block_size), i32(max_blocks), i32(splits), i32(T == S),
+            i32(max_blocks), i32(splits), i32(T == S),
             np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
     if splits > 1:
         combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)

@@ -18,11 +18,15 @@
 //          paged_attention_combine: grid (T * H,), 64 or 128 threads.
 //          is_decode != 0 promises one query per sequence (T == S), which skips the search for t's sequence.
 // Layout inside a CTA: a K or V row of D elements is read by TPT = D / VEC threads, one 16-byte vector each;
-//          the CTA's NTG = THREADS / TPT token groups take tokens round-robin, UNROLL tokens (K and V) a
-//          round, the next STAGES - 1 rounds in flight (cp.async) while one is used, and keep an online softmax of
-//          their own (running max, sum, fp32 P @ V in registers), with no barrier inside the loop; the groups
-//          merge through shared memory at the end.
+//          the CTA's NTG = THREADS / TPT token groups take UNROLL consecutive tokens each a round (K and V; a
+//          run that starts at a multiple of UNROLL, so one block-table lookup serves it when UNROLL divides
+//          BLOCK_SIZE: parts start at multiples of UNROLL), the next STAGES - 1 rounds in flight (cp.async)
+//          while one is used, and keep an online softmax of their own (running max, sum, fp32 P @ V in
+//          registers), with no barrier inside the loop; the groups merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
+//          KV_HEADS (K, default 8) and BLOCK_SIZE (default 16): the cache's geometry at compile time, so a key's
+//          address is shifts and multiplies by constants, not a division per key (it was a quarter of the
+//          loop's instructions);
 //          UNROLL (default 4) and STAGES (default 2, >= 1; 1 = no round in flight): their ring of
 //          2 x STAGES x UNROLL x THREADS 16-byte slices must fit the 48 KB of static shared memory with the merge
 //          buffers (STAGES x UNROLL <= 10 at head_dim 128).
@@ -38,10 +42,18 @@
 #ifndef GROUP
 #define GROUP 2
 #endif
+#ifndef KV_HEADS
+#define KV_HEADS 8
+#endif
+#ifndef BLOCK_SIZE
+#define BLOCK_SIZE 16
+#endif
 
 constexpr int THREADS = 128;
 constexpr int TPT = HEAD_DIM / VEC;  // threads per K/V row
 constexpr int NTG = THREADS / TPT;   // token groups of a CTA
+constexpr int TOKEN_STRIDE = KV_HEADS * HEAD_DIM;        // cache elements from one token's rows to the next
+constexpr int BLOCK_STRIDE = BLOCK_SIZE * TOKEN_STRIDE;  // and from one physical block to the next
 #ifndef UNROLL
 #define UNROLL 4  // tokens per token group and round (16-byte K and V loads per thread)
 #endif
@@ -57,21 +69,65 @@ constexpr int MERGE_BYTES = (NTG * HEAD_DIM + 2 * NTG * GROUP) * (int)sizeof(flo
 static_assert(RING_BYTES + MERGE_BYTES <= 48 * 1024,
               "the K/V ring (STAGES x UNROLL) and merge buffers exceed 48 KB of static shared memory");
 
+// Two 16-bit elements of a 32-bit word to fp32. A bf16 is the high half of its fp32, so each takes one integer
+// op (to_float takes two for the high one of a pair).
+__device__ __forceinline__ void pair_to_float(unsigned w, float* out, __nv_bfloat16) {
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void pair_to_float(unsigned w, float* out, __half) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    out[0] = f.x;
+    out[1] = f.y;
+}
+
+template <typename T>  // scalar_t (a template, so that the branch not taken is not compiled)
 __device__ __forceinline__ void vec_to_float(const uint4& raw, float* out) {
-    const scalar_t* e = reinterpret_cast<const scalar_t*>(&raw);
+    if constexpr (sizeof(T) == 2) {
+        const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
+        for (int i = 0; i < 4; ++i) pair_to_float(words[i], out + 2 * i, T{});
+    } else {
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
+    }
 }
 
-// Element offset of token j's (logical position in its sequence) row of kv head kvh, at this thread's slice.
-__device__ __forceinline__ long long row_offset(const int* table, int j, int block_size, int num_kv_heads,
-                                                int kvh, int lane) {
-    const long long phys = table[j / block_size];
-    return ((phys * block_size + j % block_size) * num_kv_heads + kvh) * HEAD_DIM + lane * VEC;
+// 2^x on the SFU alone: exp2f adds a fix-up for results below 2^-126, weights worth nothing next to the
+// row maximum's 1 (2^-inf = 0 still starts a group's running sum).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
-// One round of a token group's online softmax: the UNROLL tokens base + u NTG + tg (their K and V slices in
-// k_raw, v_raw; tokens at or past `end` count as absent) update the running max m, sum l and P @ V acc.
+// Element offset of token j's (logical position in its sequence) row, at this thread's slice of its kv head.
+// Unsigned: j / BLOCK_SIZE is then a shift, with no rounding fix for negative j.
+__device__ __forceinline__ unsigned long long row_offset(const int* table, unsigned j, unsigned slice) {
+    const unsigned phys = table[j / BLOCK_SIZE];
+    return (unsigned long long)phys * BLOCK_STRIDE + ((j % BLOCK_SIZE) * TOKEN_STRIDE + slice);
+}
+
+// The offsets of tokens j0 .. j0 + UNROLL - 1 (j0 a multiple of UNROLL; tokens not `in` are past the
+// sequence's end and get an offset inside the cache, never read): one lookup when the run cannot cross a block,
+// else one per token.
+__device__ __forceinline__ void run_offsets(const int* table, unsigned j0, unsigned slice, const bool (&in)[UNROLL],
+                                            unsigned long long (&rows)[UNROLL]) {
+    if constexpr (BLOCK_SIZE % UNROLL == 0) {
+        const unsigned long long first = in[0] ? row_offset(table, j0, slice) : 0;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) rows[u] = first + u * TOKEN_STRIDE;  // same block: inside the cache
+    } else {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) rows[u] = in[u] ? row_offset(table, j0 + u, slice) : 0;
+    }
+}
+
+// One round of a token group's online softmax: the UNROLL tokens base + tg UNROLL + u (their K and V slices in
+// k_raw, v_raw; tokens at or past `end` count as absent, unless FULL promises there are none) update the
+// running max m, sum l and P @ V acc.
+template <bool FULL>
 __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const uint4 (&v_raw)[UNROLL], int base,
                                              int end, int tg, const float (&qf)[GROUP][VEC],
                                              float (&acc)[GROUP][VEC], float (&m)[GROUP], float (&l)[GROUP]) {
@@ -79,7 +135,7 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         float kf[VEC];
-        vec_to_float(k_raw[u], kf);
+        vec_to_float<scalar_t>(k_raw[u], kf);
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
             float dot = 0.0f;
@@ -87,7 +143,7 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
             for (int e = 0; e < VEC; ++e) dot += qf[g][e] * kf[e];
 #pragma unroll
             for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            score[u][g] = base + u * NTG + tg < end ? dot : NEG_INF;
+            score[u][g] = FULL || base + tg * UNROLL + u < end ? dot : NEG_INF;
         }
     }
 #pragma unroll
@@ -95,8 +151,8 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
         float m_new = m[g];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, score[u][g]);
-        if (m_new == NEG_INF) continue;  // no token of this group in this round (the tail)
-        const float alpha = exp2f(m[g] - m_new);  // 0 on the group's first token: m = -inf
+        if (!FULL && m_new == NEG_INF) continue;  // no token of this group in this round (the tail)
+        const float alpha = fast_exp2(m[g] - m_new);  // 0 on the group's first token: m = -inf
         l[g] *= alpha;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[g][e] *= alpha;
@@ -105,10 +161,10 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         float vf[VEC];
-        vec_to_float(v_raw[u], vf);
+        vec_to_float<scalar_t>(v_raw[u], vf);
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
-            const float p = score[u][g] == NEG_INF ? 0.0f : exp2f(score[u][g] - m[g]);
+            const float p = !FULL && score[u][g] == NEG_INF ? 0.0f : fast_exp2(score[u][g] - m[g]);
             l[g] += p;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
@@ -116,24 +172,26 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
+extern "C" __global__ void __launch_bounds__(THREADS, 6) paged_attention_split(
         const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
         const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
-        float* __restrict__ lse_part, int num_seqs, int num_kv_heads, int block_size, int max_blocks,
-        int num_splits, int is_decode, float scale_log2, long long q_stride) {
+        float* __restrict__ lse_part, int num_seqs, int max_blocks, int num_splits, int is_decode,
+        float scale_log2, long long q_stride) {
     __shared__ float reduce_buf[NTG][HEAD_DIM];
     __shared__ float group_max[NTG][GROUP], group_sum[NTG][GROUP];
 
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int tg = threadIdx.x / TPT, lane = threadIdx.x % TPT;
-    const int num_heads = num_kv_heads * GROUP;
+    const int num_heads = KV_HEADS * GROUP;
     const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
     const int num_new = is_decode ? 1 : cu_seqlens_q[s + 1] - cu_seqlens_q[s];
     const int first_new = is_decode ? t : cu_seqlens_q[s];
     const int visible = context_lens[s] - num_new + (t - first_new) + 1;  // keys 0..pos
-    const int start = (int)((long long)split * visible / num_splits);
-    const int end = (int)((long long)(split + 1) * visible / num_splits);
+    // even parts, each starting at a multiple of UNROLL (run_offsets)
+    const int start = (int)((long long)split * visible / num_splits) / UNROLL * UNROLL;
+    const int end = split + 1 == num_splits ? visible
+                                            : (int)((long long)(split + 1) * visible / num_splits) / UNROLL * UNROLL;
     const int* table = block_tables + (long long)s * max_blocks;
 
     float qf[GROUP][VEC], acc[GROUP][VEC], m[GROUP], l[GROUP];
@@ -156,15 +214,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
     // Each thread reads back only the slices it copied itself: no barrier. The request of round i + STAGES - 1
     // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
     // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
+    // A round wholly before `end` (all but a part's last) takes the mask-free path.
     constexpr int ROUND = NTG * UNROLL;
+    const unsigned slice = kvh * HEAD_DIM + lane * VEC;
     __shared__ uint4 ring_k[STAGES][UNROLL][THREADS], ring_v[STAGES][UNROLL][THREADS];
     auto request = [&](int base, int slot) {
+        const bool full = base + ROUND <= end;
+        const int j0 = base + tg * UNROLL;
+        bool in[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) in[u] = full || j0 + u < end;
+        unsigned long long rows[UNROLL];
+        run_offsets(table, j0, slice, in, rows);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int j = base + u * NTG + tg;
-            const long long row = j < end ? row_offset(table, j, block_size, num_kv_heads, kvh, lane) : 0;
-            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + row, j < end ? 16 : 0);  // zeros past end
-            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + row, j < end ? 16 : 0);
+            cp_async16(&ring_k[slot][u][threadIdx.x], k_cache + rows[u], in[u] ? 16 : 0);  // zeros past end
+            cp_async16(&ring_v[slot][u][threadIdx.x], v_cache + rows[u], in[u] ? 16 : 0);
         }
         cp_async_commit();
     };
@@ -180,7 +245,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) paged_attention_split(
             k_raw[u] = ring_k[slot][u][threadIdx.x];
             v_raw[u] = ring_v[slot][u][threadIdx.x];
         }
-        attend_round(k_raw, v_raw, base, end, tg, qf, acc, m, l);
+        if (base + ROUND <= end) {
+            attend_round<true>(k_raw, v_raw, base, end, tg, qf, acc, m, l);
+        } else {
+            attend_round<false>(k_raw, v_raw, base, end, tg, qf, acc, m, l);
+        }
         slot = (slot + 1) % STAGES;
     }
     cp_async_wait<0>();  // the requests past end (zero fills) land before the CTA exits
