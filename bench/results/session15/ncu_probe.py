@@ -8,7 +8,7 @@ sampler at 64 and 256 rows. Each op runs once warm before the profiled region (c
 
 import cupy
 import numpy as np
-from bench_decode_kernels import BF16, K, attention_case, sample_case
+from bench_decode_kernels import BF16, attention_case, sample_case
 
 from barerl.backend import cuda
 

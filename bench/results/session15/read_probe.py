@@ -24,7 +24,7 @@ def main() -> None:
     print(f"copy 1 GiB: {copy_bandwidth():.0f} GB/s (read + write)")
     for ctas_per_sm, threads in ((4, 256), (8, 256), (16, 256), (8, 512), (32, 128)):
         grid = 132 * ctas_per_sm
-        ms = gpu_ms(lambda: kernel((grid,), (threads,), (a, np.int64(n), out)), calls=5, repeat=10)
+        ms = gpu_ms(kernel, ((grid,), (threads,), (a, np.int64(n), out)), calls=5, repeat=10)
         print(f"read 1 GiB, {grid} CTAs x {threads}: {a.nbytes / ms / 1e6:.0f} GB/s")
 
 

@@ -11,6 +11,8 @@ Design decisions:
 - num_splits depends only on shapes (T, K, the block table's width), never on context_lens' values, so a
   launch is the same in every replay of a CUDA graph: enough CTAs to give every SM several, each part at
   least _MIN_SPLIT_TOKENS long for the widest possible context. Parts past a short context are empty.
+- The cache's geometry (kv heads, block size) is compiled in, one build per model and block size, so a key's
+  address costs no division: the loop was issue-bound as much as memory-bound (bench/RESULTS.md, session 15).
 - Shapes the kernel does not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
   heads per kv head) run the reference code on the same CuPy arrays.
 """
@@ -28,7 +30,9 @@ from barerl.kernels.launch import contiguous, multiprocessors, require
 
 _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
-_UNSPLIT_CTAS_PER_SM = 2  # no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2
+# no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2 (session 4), 50.4 in 2 with
+# the UNROLL 2 ring that fits them in one wave (session 15)
+_UNSPLIT_CTAS_PER_SM = 2
 _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
