@@ -172,6 +172,7 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
     }
 }
 
+// 6 CTAs per SM (80 registers, as many as the shared-memory ring allows): G2's 2,048 CTAs need them.
 extern "C" __global__ void __launch_bounds__(THREADS, 6) paged_attention_split(
         const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
