@@ -381,6 +381,31 @@ def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuil
     np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["master"]), _bits(plain.master.flat))
 
 
+def test_an_offload_after_a_restore_may_hold_the_master_in_the_other_form():
+    """A master the working weights could not rebuild goes whole; after a restore (a checkpoint) the steps have
+    made it their rounding's source, so the next offload sends its low halves, and only those stream."""
+    import ml_dtypes
+
+    cfg = tiny_cfg()
+    init, grads = random_problem(cfg, steps=3, seed=6)
+    opts = [AdamW(ParameterBuffer(cfg, init.astype(ml_dtypes.bfloat16)), ref, rounding_seed=11) for _ in range(2)]
+    for opt in opts:
+        opt.master.flat[7] += 1.0
+    streamed, plain = opts
+    forms = []
+    for g in grads:
+        streamed.offload(0.5)
+        forms.append(sorted(key for key in streamed._host if key.startswith("master")))
+        for opt in opts:
+            opt.zero_grad()
+            opt.grads.flat += g
+            opt.step(1e-2)
+        streamed.state_dict()  # restores
+    assert forms == [["master"], ["master_low16"], ["master_low16"]]
+    np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
+    np.testing.assert_array_equal(_bits(streamed.master.flat), _bits(plain.master.flat))
+
+
 def test_offload_share_must_be_a_fraction():
     opt = AdamW(ParameterBuffer.zeros(tiny_cfg(), np, np.float32), ref)
     for share in (0.0, 1.5):

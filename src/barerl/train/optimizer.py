@@ -157,7 +157,10 @@ class AdamW:
         if not self.offloaded:
             n = self.params.flat.shape[0]
             self.kept = n - round(share * n)
-            for key, flat in self._state().items():
+            state = self._state()
+            # an earlier offload's buffer of the other master form (fp32 / low halves) would be streamed too
+            self._host = {key: buffer for key, buffer in self._host.items() if key in state}
+            for key, flat in state.items():
                 self._device[key] = flat[: self.kept].copy()
                 self._to_host(key, flat[self.kept :])
             for key in self._offloadable():
