@@ -70,6 +70,9 @@ def attention_case(rng, contexts, new_tokens, shared_blocks: int = 0, group: int
     import cupy
 
     blocks = -(-contexts // BLOCK)
+    if shared_blocks > blocks.min() or group < 1:
+        raise ValueError(f"attention_case: {shared_blocks} shared blocks in groups of {group}: a sequence holds "
+                         f"only {blocks.min()}")
     own = blocks.copy()
     own[np.arange(len(contexts)) % group != 0] -= shared_blocks  # the group's first sequence owns the prompt
     num_blocks = int(own.sum())
