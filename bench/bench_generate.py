@@ -66,7 +66,7 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
     llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6,
               num_scheduler_steps=num_scheduler_steps, async_scheduling=async_scheduling,
               batch_invariant=batch_invariant)
-    assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
+    assert isinstance(llm.engine.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     warm = SamplingParams(n=samples, temperature=1.0, max_tokens=16, ignore_eos=True, seed=1)
     llm.generate(prompts, warm, use_tqdm=False)  # compiles kernels, captures the graphs

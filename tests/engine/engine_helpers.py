@@ -1,13 +1,13 @@
 """Engine test helpers: a mock model that reads everything back from the paged cache, a tiny tokenizer, and
 a naive one-sequence-at-a-time generator as the oracle for the engine's batching, paging and forking.
-Imported by the tests (`from engine_helpers import ...`), like tests/kernels/kernel_harness.py."""
+Imported by the tests (`from engine_helpers import ...`), like tests/ops/kernel_harness.py."""
 
 from types import SimpleNamespace
 
 import numpy as np
 
-from barerl.backend import ref
 from barerl.engine.sampling_params import derive_seed
+from barerl.ops import ref
 
 
 class PagedMockModel:
@@ -19,15 +19,13 @@ class PagedMockModel:
     def __init__(self, vocab_size=32, max_position_embeddings=256, eos_token_id=None, script=None, scale=2.0):
         self.cfg = SimpleNamespace(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
                                    eos_token_ids=[] if eos_token_id is None else [eos_token_id])
-        self.backend, self.xp, self.dtype, self.device = ref, np, np.dtype(np.float32), "cpu"
+        self.ops, self.xp, self.dtype, self.device = ref, np, np.dtype(np.float32), "cpu"
+        self.batch_invariant = False
         self.script, self.scale = script, scale
         self.num_forward_tokens = 0
 
     def kv_cache_bytes_per_token(self):
         return 8
-
-    def set_batch_invariant(self, on):  # no kernels to choose
-        pass
 
     def allocate_kv_cache(self, num_blocks, block_size):
         return np.full((2, 1, num_blocks, block_size, 1, 1), -1.0, np.float32)

@@ -44,20 +44,20 @@ def test_graph_decode_matches_eager(tiny_hf_model, tmp_path, steps):
     def generate(graphs: bool, num_steps: int):
         llm = LLM(model, max_num_seqs=8, num_kv_blocks=64, max_model_len=128, enforce_eager=not graphs,
                   num_scheduler_steps=num_steps)
-        assert isinstance(llm.runner, CudaGraphRunner) == graphs
+        assert isinstance(llm.engine.runner, CudaGraphRunner) == graphs
         results = []
         for params in requests:
             results += [o for r in llm.generate(prompts, params, use_tqdm=False) for o in r.outputs]
             if graphs:
-                assert llm.runner.graphs and {b for b, _ in llm.runner.graphs} <= {1, 2, 4, 8}
-                assert {k for _, k in llm.runner.graphs} <= {1, num_steps}
-                assert num_steps == 1 or any(k == num_steps for _, k in llm.runner.graphs)
-            captured = dict(llm.runner.graphs) if graphs else {}
+                assert llm.engine.runner.graphs and {b for b, _ in llm.engine.runner.graphs} <= {1, 2, 4, 8}
+                assert {k for _, k in llm.engine.runner.graphs} <= {1, num_steps}
+                assert num_steps == 1 or any(k == num_steps for _, k in llm.engine.runner.graphs)
+            captured = dict(llm.engine.runner.graphs) if graphs else {}
             llm.sleep()  # the cache's memory goes back to the driver, its address stays reserved
             llm.wake()
             if graphs:  # the cache is back at its address: the graphs are kept, nothing is captured again
-                assert llm.runner._kv_memory is not None, "no fixed-address KV cache on this driver"
-                assert llm.runner.graphs == captured
+                assert llm.engine.runner._kv_memory is not None, "no fixed-address KV cache on this driver"
+                assert llm.engine.runner.graphs == captured
         return results
 
     eager, graphed = generate(False, 1), generate(True, steps)

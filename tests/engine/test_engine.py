@@ -8,6 +8,7 @@ import pytest
 from engine_helpers import PagedMockModel, naive_generate
 
 from barerl import LLM, SamplingParams
+from barerl.engine.engine import Engine
 
 BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 16, "num_scheduler_steps": 1}
 ENGINE_CONFIGS = {
@@ -46,9 +47,9 @@ def test_engine_matches_the_naive_oracle(name):
     model = PagedMockModel()
     llm = LLM(model, **{**BASE, **ENGINE_CONFIGS[name]})
     lookaheads, continuations = [], []
-    run_steps, continue_steps = llm.runner.execute_steps, llm.runner.continue_steps
-    llm.runner.execute_steps = lambda inputs, k: lookaheads.append(k) or run_steps(inputs, k)
-    llm.runner.continue_steps = lambda batch, previous: continuations.append(1) or continue_steps(batch, previous)
+    run_steps, continue_steps = llm.engine.runner.execute_steps, llm.engine.runner.continue_steps
+    llm.engine.runner.execute_steps = lambda inputs, k: lookaheads.append(k) or run_steps(inputs, k)
+    llm.engine.runner.continue_steps = lambda batch, previous: continuations.append(1) or continue_steps(batch, previous)
     params = [dataclasses.replace(p, logprobs=True) for p in PARAMS]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert bool(lookaheads) == (llm.config.num_scheduler_steps > 1)
@@ -61,7 +62,7 @@ def test_engine_matches_the_naive_oracle(name):
         assert [c.finish_reason for c in outputs[i].outputs] == ["length"] * params[i].n
     if name.startswith("preemption"):
         assert llm.stats["num_preemptions"] > 0
-    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks  # everything given back
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks  # everything given back
 
 
 def test_n_samples_share_one_prefill():
@@ -77,8 +78,8 @@ def test_each_finished_request_is_reported_once_and_returned_as_reported(monkeyp
     each one is built (detokenized) once."""
     llm = LLM(PagedMockModel(), **BASE)
     built, reported = [], []
-    output = LLM._output
-    monkeypatch.setattr(LLM, "_output", lambda self, request, *a: built.append(request) or output(self, request, *a))
+    output = Engine.output
+    monkeypatch.setattr(Engine, "output", lambda self, request, *a: built.append(request) or output(self, request, *a))
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False, on_finished=lambda i, out: reported.append((i, out)))
     assert sorted(i for i, _ in reported) == list(range(len(PROMPTS)))
     assert all(outs[i] is out for i, out in reported)
@@ -146,7 +147,7 @@ def test_sleep_releases_the_cache_and_wake_restores_it():
     params = SamplingParams(n=2, max_tokens=5, seed=9)
     before = token_lists(llm.generate(PROMPTS[:2], params, use_tqdm=False))
     llm.sleep()
-    assert llm.runner.kv_cache is None
+    assert llm.engine.runner.kv_cache is None
     with pytest.raises(RuntimeError, match="wake"):
         llm.generate(PROMPTS[:2], params, use_tqdm=False)
     llm.wake()
@@ -160,7 +161,7 @@ def test_an_abandoned_stream_leaves_the_engine_clean():
     next(stream)
     out = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=3, seed=1), use_tqdm=False)
     assert all(o.finished for o in out)
-    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
 def test_lookahead_gives_the_single_steps_tokens_on_a_real_model():

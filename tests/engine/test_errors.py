@@ -15,7 +15,7 @@ def token_ids(outputs):
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"n": 0}, r"SamplingParams.n: must be an integer >= 1, got 0"),
-    ({"temperature": -0.5}, r"temperature: must be a number >= 0"),
+    ({"temperature": -0.5}, r"temperature: must be a finite number >= 0"),
     ({"top_p": 0.0}, r"top_p: must be in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p: must be in \(0, 1\]"),
     ({"top_k": -2}, r"top_k: must be an integer >= -1"),
@@ -44,7 +44,7 @@ def test_a_bad_request_raises_before_running_and_leaves_the_rest_unaffected(bad_
     llm = LLM(PagedMockModel(), **BASE)
     with pytest.raises(ValueError, match=message):
         llm.generate([good[0], bad_prompt, good[1]], params, use_tqdm=False)
-    assert not llm.scheduler.has_unfinished()
+    assert not llm.engine.scheduler.has_unfinished()
     after = llm.generate(good, params, use_tqdm=False)
     fresh = LLM(PagedMockModel(), **BASE).generate(good, params, use_tqdm=False)
     assert token_ids(after) == token_ids(fresh)

@@ -2,7 +2,6 @@
 
 import numpy as np
 
-from barerl.engine.block_manager import BlockManager
 from barerl.engine.model_runner import prepare_step
 from barerl.engine.sampling_params import SamplingParams, derive_seed
 from barerl.engine.scheduler import Scheduler
@@ -10,8 +9,7 @@ from barerl.engine.sequence import Request
 
 
 def test_prepare_step_arrays_for_a_mixed_step():
-    bm = BlockManager(16, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=8, max_model_len=64)
+    sched = Scheduler(16, 4, max_num_seqs=8, max_num_batched_tokens=8, max_model_len=64)
     decoding = Request(0, None, [1, 2, 3], SamplingParams(temperature=0, max_tokens=9), seed=5)
     parent = Request(1, None, list(range(10, 20)), SamplingParams(n=2, top_k=3, top_p=0.5, min_tokens=2),
                      seed=7, eos_token_ids=(0,))

@@ -4,7 +4,7 @@ greedy, filters, frequencies, log-probs, boundary cases."""
 import numpy as np
 import pytest
 
-from barerl.backend import ref
+from barerl.ops import ref
 
 M64 = (1 << 64) - 1
 SCALE = 2**42
@@ -53,7 +53,7 @@ def target_distribution(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
 
 def test_target_is_the_contract_hash_scaled_exactly():
     """target = floor(splitmix64(seed, counter) * total / 2^64), checked against Python integers."""
-    from barerl.backend.ref.sampling import _draw_targets, _mulhi64
+    from barerl.ops.ref.sampling import _draw_targets, _mulhi64
 
     seeds = np.array([0, 1, 2**63 + 12345, M64, 7], np.uint64)
     counters = np.array([0, 7, 3, 2**31, -1], np.int64)
@@ -74,7 +74,7 @@ def test_target_is_the_contract_hash_scaled_exactly():
 
 def test_inverse_cdf_picks_each_token_with_its_mass():
     """Over every target in [0, total) token v is picked mass_v times: zero-mass tokens never."""
-    from barerl.backend.ref.sampling import _inverse_cdf
+    from barerl.ops.ref.sampling import _inverse_cdf
 
     masses = np.array([0, 3, 0, 5, 1, 0, 2, 0], np.uint64)
     prefix = np.cumsum(masses)

@@ -5,7 +5,6 @@ import itertools
 
 import pytest
 
-from barerl.engine.block_manager import BlockManager
 from barerl.engine.sampling_params import SamplingParams
 from barerl.engine.scheduler import Scheduler
 from barerl.engine.sequence import Request
@@ -22,8 +21,7 @@ def make_request(num_prompt_tokens, max_tokens=4, n=1):
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, chunked=True, max_model_len=64):
-    bm = BlockManager(num_blocks, block_size)
-    return Scheduler(bm, max_num_seqs, budget, max_model_len, chunked)
+    return Scheduler(num_blocks, block_size, max_num_seqs, budget, max_model_len, chunked)
 
 
 def step(sched):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from barerl.backend import ref
-from barerl.backend.ref.sampling import _filtered_chunk
+from barerl.ops import ref
+from barerl.ops.ref.sampling import _filtered_chunk
 
 FILTERS = [(3, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.2), (5, 0.9, 0.05)]
 

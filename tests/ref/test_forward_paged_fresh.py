@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from test_qk_norm_rope_store import CallCounter
 
-from barerl.backend import ref
 from barerl.config import ModelConfig
 from barerl.model.model import Model
+from barerl.ops import ref
 
 BLOCK = 4
 
@@ -41,15 +41,15 @@ def test_fresh_sequences_attend_among_their_own_tokens(mixed):
     model = tiny_model()
     rng = np.random.default_rng(0)
     a, b, c = (rng.integers(0, 64, n).tolist() for n in (6, 3, 7))
-    caches, logits, calls = [], [], []
+    caches, logits, calls, plain = [], [], [], model.ops
     for fresh in (False, True):
         kv_cache = model.allocate_kv_cache(12, BLOCK)
         if mixed:  # a's first 5 tokens are cached by an earlier step
             step(model, kv_cache, [(a[:5], 0, [0, 1])], None)
         seqs = ([(a, 5, [0, 1])] if mixed else []) + [(b, 0, [2]), (c, 0, [3, 4])]
-        model.backend = CallCounter(ref, calls)
+        model.ops = CallCounter(ref, calls)
         logits.append(step(model, kv_cache, seqs, (1 if mixed else 0) if fresh else None))
-        model.backend = ref
+        model.ops = plain
         caches.append(kv_cache)
     np.testing.assert_allclose(logits[1], logits[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(caches[1], caches[0], rtol=1e-6, atol=1e-6)

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from barerl.backend import ref
+from barerl.ops import ref
 
 T = 13
 

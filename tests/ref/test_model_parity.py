@@ -148,18 +148,18 @@ def test_checkpointed_and_plain_backward_agree(keep):
     batch, mask = PackedBatch.from_sequences(seqs), last_token_mask(seqs)
     g_plain, g_ckpt = model.zeros_like_params(), model.zeros_like_params()
     model.forward_backward(batch, mean_ce_loss(mask), g_plain, checkpoint=False)
-    calls, backend = Counter(), model.backend
+    calls, backend = Counter(), model.ops
 
     class CountingOps:
         def __getattr__(self, name):
             calls[name] += 1
             return getattr(backend, name)
 
-    model.backend = CountingOps()
+    model.ops = CountingOps()
     try:
         model.forward_backward(batch, mean_ce_loss(mask), g_ckpt, checkpoint=True, keep_ops=keep)
     finally:
-        model.backend = backend
+        model.ops = backend
     np.testing.assert_array_equal(g_plain.flat, g_ckpt.flat)
     layers = model.cfg.num_hidden_layers
     recomputed = {"attention": 1, "linear": 3, "swiglu": 1}  # a layer's forward calls of these ops, down aside

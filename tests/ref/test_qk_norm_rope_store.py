@@ -5,10 +5,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from barerl.backend import ref
 from barerl.config import ModelConfig
 from barerl.model.batch import PackedBatch
 from barerl.model.model import Model
+from barerl.ops import ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP32 = np.dtype(np.float32)
@@ -56,7 +56,7 @@ def test_forward_paged_fills_the_cache_through_the_fused_op():
     })
     model = Model.random(cfg, seed=1)
     calls = []
-    model.backend = CallCounter(ref, calls)
+    model.ops = CallCounter(ref, calls)
     lengths, block_size = [5, 3], 4
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, sum(lengths)).astype(np.int32)
     positions = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)

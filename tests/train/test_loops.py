@@ -239,7 +239,7 @@ def test_offloading_the_optimizer_changes_nothing(tmp_path, dtype):
 
 
 def test_offloaded_optimizer_state_survives_save_and_load():
-    from barerl.backend import ref
+    from barerl.ops import ref
     from barerl.train.optimizer import AdamW
 
     model = tiny_model()

@@ -5,8 +5,9 @@ import pytest
 import torch
 from train_helpers import random_problem, tiny_cfg
 
-from barerl.backend import ref
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
+from barerl.ops import ref
+from barerl.ops.ref import adamw as ref_adamw
 from barerl.train.optimizer import AdamW
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -39,7 +40,7 @@ def assert_close(name, got, want, tol=1e-6):
 
 
 def test_grad_norm_matches_numpy_and_accumulates_in_fp32():
-    g = np.random.default_rng(1).standard_normal(3 * ref.optim.CHUNK // 2 + 7).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal(3 * ref_adamw.CHUNK // 2 + 7).astype(np.float32)
     assert ref.grad_norm(g) == pytest.approx(float(np.linalg.norm(g.astype(np.float64))), rel=1e-6)
     import ml_dtypes
 
@@ -257,7 +258,7 @@ def _streamed_and_plain(device: str, dtype: str, chunk: int, monkeypatch, share:
     time), one not."""
     import ml_dtypes
 
-    from barerl.backend import get_backend
+    from barerl.ops import get_backend
     from barerl.train import optimizer as optimizer_module
 
     monkeypatch.setattr(optimizer_module, "STREAM_CHUNK", chunk)
@@ -333,7 +334,7 @@ def test_a_master_held_as_its_low_halves_steps_as_the_fp32_one():
     the same bits as the fp32 master, step after step (offsets included)."""
     import ml_dtypes
 
-    from barerl.backend.ref.optim import master_from_low16
+    from barerl.ops.ref.adamw import master_from_low16
 
     n, offset, seed = 5000, 123, 7
     rng = np.random.default_rng(0)

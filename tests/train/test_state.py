@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from train_helpers import random_problem, tiny_cfg
 
-from barerl.backend import ref
 from barerl.model.checkpoint import load_checkpoint
 from barerl.model.weights import ParameterBuffer
+from barerl.ops import ref
 from barerl.train import state as state_mod
 from barerl.train.optimizer import AdamW
 from barerl.train.state import (
@@ -88,7 +88,7 @@ def test_hard_crash_mid_save_leaves_previous_checkpoint_latest(tmp_path):
     script = textwrap.dedent(f"""
         import os, pathlib
         import numpy as np
-        from barerl.backend import ref
+        from barerl.ops import ref
         from barerl.config import ModelConfig
         from barerl.model.weights import ParameterBuffer
         from barerl.train import state

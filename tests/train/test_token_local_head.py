@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from train_helpers import tiny_cfg
 
-from barerl.backend.ref import DEFAULT_LM_HEAD_CHUNK
-from barerl.model.model import Model, PackedBatch, SamplingFilter
+from barerl.model.model import Model, PackedBatch
+from barerl.model.sampling_filter import SamplingFilter
+from barerl.ops.common import DEFAULT_LM_HEAD_CHUNK
 from barerl.train.data import Example
 from barerl.train.losses import PolicyLoss, per_token, sft_loss, sft_token_grad
 
@@ -53,7 +54,7 @@ def _assert_fused_equals_unfused(model, batch, loss_fn, token_grad, sampling):
 def test_sft_fused_head_equals_unfused(model, batch):
     mask = batch.loss_mask
     loss_fn = lambda logp, entropy: (*sft_loss(logp, mask, 900), {})
-    _assert_fused_equals_unfused(model, batch, loss_fn, sft_token_grad(mask, 900), 1.0)
+    _assert_fused_equals_unfused(model, batch, loss_fn, sft_token_grad(mask, 900), SamplingFilter())
 
 
 def _policy_loss(model, batch, sampling, with_old, correction):

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 
-from barerl.engine.llm import EngineConfig
+from barerl.engine.config import EngineConfig
 from barerl.engine.sampling_params import SamplingParams
 
 _SKIP_SAMPLING = {"stop_strings"}
@@ -50,12 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="write one JSON object per prompt to this JSONL file")
     _add_dataclass_flags(parser.add_argument_group("sampling"), SamplingParams, _SKIP_SAMPLING)
     _add_dataclass_flags(parser.add_argument_group("engine"), EngineConfig, _SKIP_ENGINE)
-
-
-def add_generate_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("generate", help="generate completions with the inference engine")
-    add_arguments(parser)
-    return parser
 
 
 def _read_prompts(args) -> list:
@@ -108,9 +102,6 @@ def run(args) -> int:
           f"{s['num_generated_tokens']} new tokens in {s['elapsed_s']:.2f} s: "
           f"{s['tokens_per_s']:.1f} new tok/s", file=sys.stderr)
     return 0
-
-
-run_generate = run
 
 
 def _as_record(out) -> dict:

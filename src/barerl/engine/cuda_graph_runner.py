@@ -260,7 +260,7 @@ class CudaGraphRunner(ModelRunner):
         v = self.static.views(batch)
 
         def sample(logits, counters):
-            return self.model.backend.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
+            return self.model.ops.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
                                              v["seeds"], counters)
 
         tokens, logprobs = self.decode_steps(v, num_steps, sample, max_position=self.max_model_len - 1)

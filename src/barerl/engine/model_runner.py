@@ -111,16 +111,16 @@ def _sampling_arrays(batch: ScheduledBatch) -> dict[str, np.ndarray]:
     for i, seq in enumerate(batch.seqs):
         if not batch.samples(i):
             continue
-        p = seq.params
+        f = seq.params.filter
         banned = seq.banned_token_ids()
         for seed in seq.sample_seeds():
             banned_rows += [len(rows)] * len(banned)
             banned_tokens += banned
             rows.append(i)
-            temperature.append(p.temperature)
-            top_k.append(max(p.top_k, 0))
-            top_p.append(p.top_p)
-            min_p.append(p.min_p)
+            temperature.append(f.temperature)
+            top_k.append(f.top_k)
+            top_p.append(f.top_p)
+            min_p.append(f.min_p)
             seeds.append(seed)
             counters.append(seq.num_output_tokens)
     return {
@@ -212,7 +212,7 @@ class ModelRunner:
     def advance(self, tokens, arrays: dict) -> None:
         """A decode step's inputs in `arrays` (device, changed in place) become the next step's, given its
         sampled tokens."""
-        self.model.backend.advance_decode(tokens, *(arrays[name] for name in _ADVANCED_FIELDS), self.block_size)
+        self.model.ops.advance_decode(tokens, *(arrays[name] for name in _ADVANCED_FIELDS), self.block_size)
 
     def _decode_pending(self, inputs: StepInputs, arrays: dict, num_steps: int) -> PendingSteps:
         tokens, logprobs = self.decode_steps(
@@ -268,7 +268,7 @@ class ModelRunner:
         rows = logits[xp.asarray(inputs.sample_rows)]
         if len(inputs.banned_rows):
             rows[xp.asarray(inputs.banned_rows), xp.asarray(inputs.banned_tokens)] = -np.inf
-        return self.model.backend.sample(
+        return self.model.ops.sample(
             rows, xp.asarray(inputs.temperature), xp.asarray(inputs.top_k), xp.asarray(inputs.top_p),
             xp.asarray(inputs.min_p), xp.asarray(inputs.seeds), counters,
         )

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from barerl.model.sampling_filter import SamplingFilter, SamplingFilterError
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -44,6 +46,7 @@ class SamplingParams:
     logprobs: bool | int | None = None
     skip_special_tokens: bool = True
     stop_strings: list[str] = field(init=False, repr=False)
+    filter: SamplingFilter = field(init=False, repr=False)  # temperature, top_k, top_p, min_p, validated
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -56,14 +59,10 @@ class SamplingParams:
 
         if not _is_int(self.n) or self.n < 1:
             raise fail("n", "must be an integer >= 1")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise fail("temperature", "must be a number >= 0 (0 means greedy)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise fail("top_p", "must be in (0, 1]")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise fail("top_k", "must be an integer >= -1 (0 or -1 switch it off)")
-        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise fail("min_p", "must be in [0, 1]")
+        try:
+            self.filter = SamplingFilter(self.temperature, self.top_k, self.top_p, self.min_p)
+        except SamplingFilterError as e:
+            raise ValueError(f"SamplingParams.{e}") from None
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise fail("max_tokens", "must be an integer >= 1 (or None: up to max_model_len)")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -81,9 +80,15 @@ class SamplingParams:
         ):
             raise fail("logprobs", "must be a bool, an integer >= 0 or None")
 
+    @classmethod
+    def from_filter(cls, sampling: SamplingFilter, **fields) -> SamplingParams:
+        """Params that sample from `sampling`'s distribution; `fields`: the others (n, max_tokens, ...)."""
+        return cls(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                   min_p=sampling.min_p, **fields)
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.filter.greedy
 
     @property
     def wants_logprobs(self) -> bool:
@@ -99,7 +104,3 @@ class SamplingParams:
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -67,13 +67,15 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(
         self,
-        block_manager: BlockManager,
+        num_blocks: int,
+        block_size: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
     ):
-        self.block_manager = block_manager
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)  # the KV cache's blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len

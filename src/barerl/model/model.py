@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from barerl.backend import get_backend
 from barerl.config import ModelConfig
 from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
@@ -34,7 +33,9 @@ from barerl.model.forward import RopeContext, layer_activations, layer_forward, 
 from barerl.model.loss_rows import LossRows
 from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
+from barerl.model.sampling_filter import SamplingFilter
 from barerl.model.weights import ParameterBuffer, parameter_shapes
+from barerl.ops import ModelOps, get_backend
 
 
 @dataclass
@@ -50,47 +51,40 @@ class ForwardState:
     cu_seqlens: object
 
 
-@dataclass(frozen=True)
-class SamplingFilter:
-    """The engine's sampling distribution: temperature, then top-k, top-p and min-p truncation (off by
-    default). The trainer computes log-probs under the same distribution the rollouts were drawn from."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    @property
-    def truncates(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-
+UNFILTERED = SamplingFilter()  # temperature 1, nothing truncated
 LossFn = Callable[[object, object], tuple[float, object, dict]]
 # A token-local loss's gradient over a chunk of tokens: (logp[start:stop], start, stop) -> dlogp[start:stop]
 TokenGrad = Callable[[object, int, int], object]
 
 
 class Model:
-    def __init__(self, cfg: ModelConfig, params: ParameterBuffer, device: str = "cpu"):
+    def __init__(self, cfg: ModelConfig, params: ParameterBuffer, device: str = "cpu", batch_invariant: bool = False):
+        """batch_invariant (GPU, bf16/fp16): a token's numbers do not depend on what else is in its batch, so
+        the engine's decode steps and the trainer's packed forward compute the same log-probs bit for bit (no
+        train/inference mismatch). Products take split-K-free algorithms, and decode attention runs the
+        training attention's arithmetic, one warp per token and kv head: suited to many sequences, slower for
+        a few long ones. Fixed for the model's life: CUDA graphs capture the kernels it chose."""
         self.cfg = cfg
         self.params = params
         self.device = device
         self.backend = get_backend(device)
+        self.ops = ModelOps(self.backend, batch_invariant)  # every op this model runs goes through here
         self.xp = self.backend.xp_of(params.flat)
         self.dtype = params.flat.dtype
         self.attention_scale = cfg.head_dim**-0.5
-        self.batch_invariant = False  # see set_batch_invariant
         self._rope_positions = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32") -> Model:
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32",
+                        batch_invariant: bool = False) -> Model:
         cfg, params = load_checkpoint(path, dtype=dtype, xp=_xp_for(device))
-        return cls(cfg, params, device)
+        return cls(cfg, params, device, batch_invariant)
 
     @classmethod
-    def random(cls, cfg: ModelConfig, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> Model:
+    def random(cls, cfg: ModelConfig, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+               batch_invariant: bool = False) -> Model:
         """Hugging Face-style init: normal(0, 0.02) matrices, unit norms, zero biases."""
         rng = np.random.default_rng(seed)
         host = ParameterBuffer.zeros(cfg, np, resolve_dtype(dtype))  # filled on the host, moved once
@@ -100,7 +94,7 @@ class Model:
             elif not name.endswith(".bias"):
                 host[name][...] = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
         flat = host.flat if device == "cpu" else _xp_for(device).asarray(host.flat)
-        return cls(cfg, ParameterBuffer(cfg, flat), device)
+        return cls(cfg, ParameterBuffer(cfg, flat), device, batch_invariant)
 
     def _ensure_rope(self, num_positions: int) -> None:
         if num_positions <= self._rope_positions:
@@ -115,14 +109,16 @@ class Model:
         self._ensure_rope(max_position + 1)
         return RopeContext(self.xp.asarray(positions), self._cos, self._sin)
 
-    def set_batch_invariant(self, on: bool) -> None:
-        """Batch-invariant kernels from now on (GPU, bf16/fp16): a token's numbers do not depend on what else is
-        in its batch, so the engine's decode steps and the trainer's packed forward compute the same log-probs
-        bit for bit (no train/inference mismatch). Products take split-K-free algorithms, and decode attention
-        runs the training attention's arithmetic (kernels' paged_attention_invariant), one warp per token
-        and kv head: suited to many sequences, slower for a few long ones."""
-        self.batch_invariant = bool(on)
-        self.backend.set_batch_invariant(self.batch_invariant)
+    @property
+    def batch_invariant(self) -> bool:
+        return self.ops.batch_invariant
+
+    def with_batch_invariant(self, on: bool) -> Model:
+        """This model, or when its choice differs, a model over the very same weights (no copy) with `on`: an
+        engine and a trainer sharing weights each keep their own arithmetic."""
+        if bool(on) == self.batch_invariant:
+            return self
+        return Model(self.cfg, self.params, self.device, on)
 
     # -- inference (engine) -----------------------------------------------------------------------------
     def kv_cache_bytes_per_token(self) -> int:
@@ -144,7 +140,7 @@ class Model:
         `fresh_from` (with cu_seqlens_q on the host): sequences fresh_from.. have no cached tokens, so their
         attention runs among their own new tokens as in training (the tiled flash kernel reads each key once
         per query tile; the paged kernel reads a prompt's keys once per query token)."""
-        ops, xp, p = self.backend, self.xp, self.params
+        ops, xp, p = self.ops, self.xp, self.params
         rope = self._rope(positions, max_position)
         fresh = None
         if fresh_from is not None and fresh_from < len(cu_seqlens_q) - 1:
@@ -152,7 +148,6 @@ class Model:
         cu = xp.asarray(cu_seqlens_q)
         fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
-        paged = ops.paged_attention_invariant if self.batch_invariant else ops.paged_attention
         x = ops.embedding(xp.asarray(input_ids), p.embed)
         for i, w in enumerate(p.layers):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
@@ -162,13 +157,13 @@ class Model:
 
             def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
                 if fresh is None:
-                    return paged(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
+                    return ops.paged_attention(q, k_cache, v_cache, tables, lens, cu, self.attention_scale), None
                 s0, t0 = fresh
                 o_fresh, _ = ops.attention(q[t0:], k[t0:], v[t0:], fresh_cu, self.attention_scale)
                 if not s0:
                     return o_fresh, None
-                o_cached = paged(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
-                                 self.attention_scale)
+                o_cached = ops.paged_attention(q[:t0], k_cache, v_cache, tables[:s0], lens[:s0], cu[: s0 + 1],
+                                               self.attention_scale)
                 return xp.concatenate([o_cached, o_fresh]), None
 
             x = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
@@ -189,7 +184,7 @@ class Model:
                       keep_ops=DEFAULT_KEEP):
         """Final-normed hidden states (T, C) and what backward needs (keep=True): everything, or under
         checkpointing each layer's input and the outputs of the ops in `keep_ops`."""
-        ops, p, cfg = self.backend, self.params, self.cfg
+        ops, p, cfg = self.ops, self.params, self.cfg
         ids, _, cu = self._packed_inputs(batch)
         rope = self._rope(batch.positions)
         x = ops.embedding(ids, p.embed)
@@ -211,22 +206,21 @@ class Model:
         acts = layer_activations(layer_ops, self.cfg, w, x, rope, self._attend_packed(layer_ops, cu))
         return layer_output(ops, w, acts), acts if save else None
 
-    def logprobs(self, batch: PackedBatch, sampling: SamplingFilter | float = 1.0):
-        """Per-token log-probs of batch.targets and entropies, (T,) fp32 each, with no gradient.
-
-        `sampling` is a SamplingFilter or just a temperature."""
+    def logprobs(self, batch: PackedBatch, sampling: SamplingFilter = UNFILTERED):
+        """Per-token log-probs of batch.targets under the `sampling` distribution and entropies, (T,) fp32 each,
+        with no gradient."""
         h, _ = self.hidden_states(batch)
-        logp, _, entropy = self._head_logprobs(h, self.xp.asarray(batch.targets), _as_filter(sampling))
+        logp, _, entropy = self._head_logprobs(h, self.xp.asarray(batch.targets), _trainable(sampling))
         return logp, entropy
 
     def _head_logprobs(self, h, targets, f: SamplingFilter):
-        ops, w = self.backend, self.params.lm_head
+        ops, w = self.ops, self.params.lm_head
         if f.truncates:
             return ops.lm_head_logprobs_filtered(h, w, targets, 1.0 / f.temperature, f.top_k, f.top_p, f.min_p)
         return ops.lm_head_logprobs(h, w, targets, 1.0 / f.temperature)
 
     def _head_backward(self, dlogp, h, targets, lse, dw, f: SamplingFilter):
-        ops, w = self.backend, self.params.lm_head
+        ops, w = self.ops, self.params.lm_head
         if f.truncates:
             return ops.lm_head_backward_filtered(dlogp, h, w, targets, lse, dw, 1.0 / f.temperature, f.top_k,
                                                  f.top_p, f.min_p)
@@ -240,13 +234,13 @@ class Model:
             loss, dlogp, metrics = loss_fn(logp, entropy)
             dh = self._head_backward(self.xp.asarray(dlogp, dtype=np.float32), h, targets, lse, dw, f)
             return loss, metrics, dh
-        ops, w = self.backend, self.params.lm_head
+        ops, w = self.ops, self.params.lm_head
         logp, _, entropy, dh = ops.lm_head_forward_backward(h, w, targets, token_grad, dw, 1.0 / f.temperature)
         loss, _, metrics = loss_fn(logp, entropy)  # token_grad gave the gradient already
         return loss, metrics, dh
 
     def forward_backward(
-        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter | float = 1.0,
+        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter = UNFILTERED,
         checkpoint: bool = True, keep_ops=DEFAULT_KEEP, token_grad: TokenGrad | None = None,
     ) -> tuple[float, dict]:
         """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
@@ -257,8 +251,8 @@ class Model:
         (see TokenGrad); unless the sampling filter truncates, the head's backward then runs chunk by chunk
         inside its forward, and loss_fn gives only the loss and the metrics.
         """
-        ops, p, cfg = self.backend, self.params, self.cfg
-        f = _as_filter(sampling)
+        ops, p, cfg = self.ops, self.params, self.cfg
+        f = _trainable(sampling)
         h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops)
         targets = self.xp.asarray(batch.targets)
         rows = LossRows(self.xp, batch.loss_mask)
@@ -286,8 +280,13 @@ class Model:
         return ParameterBuffer.zeros(self.cfg, self.xp, resolve_dtype(dtype))
 
 
-def _as_filter(sampling: SamplingFilter | float) -> SamplingFilter:
-    return sampling if isinstance(sampling, SamplingFilter) else SamplingFilter(temperature=float(sampling))
+def _trainable(sampling: SamplingFilter) -> SamplingFilter:
+    """The filter itself, when log-probs exist under it (greedy decoding has none)."""
+    if not isinstance(sampling, SamplingFilter):
+        raise TypeError(f"sampling must be a SamplingFilter, got {type(sampling).__name__}")
+    if sampling.greedy:
+        raise ValueError("log-probs under greedy decoding (temperature 0) are not defined: use temperature > 0")
+    return sampling
 
 
 def _xp_for(device: str):

@@ -28,6 +28,7 @@ from typing import Any
 
 from barerl.config import ConfigError
 from barerl.model.recompute import DEFAULT_KEEP, RECOMPUTABLE
+from barerl.model.sampling_filter import SamplingFilter, SamplingFilterError
 
 T = typing.TypeVar("T", bound="TrainConfig")
 
@@ -155,12 +156,12 @@ class GRPOConfig(TrainConfig):
     num_generations: int = opt(8, "Completions sampled per prompt (the group size).", min=2)
     max_prompt_length: int | None = opt(512, "Prompts longer than this are truncated from the left.", min=1)
     max_completion_length: int = opt(256, "Maximum tokens generated per completion.", min=1)
-    temperature: float = opt(1.0, "Sampling temperature (the trainer's log-probs use the same one).", gt=0.0)
-    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.",
-                       gt=0.0, max=1.0)
-    top_k: int = opt(0, "Keep only the k most likely tokens (0: no top-k).", min=0)
-    min_p: float | None = opt(None, "Drop tokens below min_p times the top token's probability.", min=0.0,
-                              max=1.0)
+    # the sampling distribution, validated as one SamplingFilter (the engine's and the trainer's)
+    temperature: float = opt(1.0, "Sampling temperature, > 0 (the trainer's log-probs use the same one).")
+    top_p: float = opt(1.0, "Nucleus sampling, in (0, 1]: keep the smallest set of tokens with this total "
+                       "probability.")
+    top_k: int = opt(0, "Keep only the k most likely tokens (0 or -1: no top-k).")
+    min_p: float | None = opt(None, "Drop tokens below min_p times the top token's probability, in [0, 1].")
     shuffle_dataset: bool = opt(True, "Shuffle the prompts each epoch.")
     batch_invariant: bool = opt(True, "Batch-invariant kernels (GPU, bf16/fp16): the engine's sampling log-probs "
                                 "and the trainer's are computed with the same arithmetic, bit for bit, so "
@@ -206,6 +207,12 @@ class GRPOConfig(TrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        try:
+            greedy = self.sampling_filter.greedy
+        except SamplingFilterError as e:
+            raise ConfigError(str(e)) from None
+        if greedy:
+            raise ConfigError("temperature: GRPO samples each group from the policy, so it must be > 0, got 0")
         if self.scale_rewards in ("true", "false"):
             object.__setattr__(self, "scale_rewards", "group" if self.scale_rewards == "true" else "none")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
@@ -220,6 +227,11 @@ class GRPOConfig(TrainConfig):
             raise ConfigError(
                 f"num_generations: the generation batch ({self.effective_generation_batch_size} completions) "
                 f"must be a multiple of num_generations ({self.num_generations})")
+
+    @property
+    def sampling_filter(self) -> SamplingFilter:
+        """The distribution the engine samples rollouts from, which the trainer's log-probs use too."""
+        return SamplingFilter(self.temperature, self.top_k, self.top_p, 0.0 if self.min_p is None else self.min_p)
 
     @property
     def effective_steps_per_generation(self) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from barerl.model.model import Model, SamplingFilter
+from barerl.model.model import Model
 from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
@@ -54,7 +54,8 @@ class GRPOResult:
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
                reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
-    from barerl.engine.llm import LLM, EngineConfig, kv_blocks_in_budget
+    from barerl.engine.config import EngineConfig, kv_blocks_in_budget
+    from barerl.engine.llm import LLM
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
@@ -78,7 +79,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": cfg.effective_generation_batch_size,
               "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
-              "batch_invariant": cfg.batch_invariant, "device": model.device, "dtype": model.dtype.name,
+              "device": model.device, "dtype": model.dtype.name,
               "seed": cfg.seed, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
         run.optimizer.offload(cfg.offload_optimizer_ratio)
@@ -144,7 +145,7 @@ class DeviceMemory:
     def __init__(self, llm):
         pool = getattr(llm.model.xp, "get_default_memory_pool", None)
         self._pool = pool() if pool is not None else None
-        self._outside = llm.runner.bytes_outside_default_pool
+        self._outside = llm.engine.runner.bytes_outside_default_pool
         self.reserved = self.used = 0
 
     def sample(self) -> None:
@@ -160,11 +161,6 @@ def _memory_metrics(generate: DeviceMemory, train: DeviceMemory) -> dict:
     return {"memory/generate_gib": generate.reserved / gib, "memory/train_gib": train.reserved / gib,
             "memory/gpu_gib": max(generate.reserved, train.reserved) / gib,
             "memory/gpu_used_gib": max(generate.used, train.used) / gib}
-
-
-def sampling_filter(cfg: GRPOConfig) -> SamplingFilter:
-    """The distribution the engine samples rollouts from, which the trainer's log-probs must use too."""
-    return SamplingFilter(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p or 0.0)
 
 
 def _frozen_copy(model: Model) -> Model:
@@ -211,9 +207,9 @@ def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainB
                             cfg.mask_truncated_completions)
     for tb in batches:
         if needs_old:
-            tb.old_logp, _ = model.logprobs(tb.batch, sampling_filter(cfg))
+            tb.old_logp, _ = model.logprobs(tb.batch, cfg.sampling_filter)
         if ref_model is not None:
-            tb.ref_logp, _ = ref_model.logprobs(tb.batch, sampling_filter(cfg))
+            tb.ref_logp, _ = ref_model.logprobs(tb.batch, cfg.sampling_filter)
     return batches
 
 
@@ -270,7 +266,7 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOCo
                 seen[key].append(array)
         return policy(logp)
 
-    loss, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
+    loss, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, cfg.sampling_filter,
                                            checkpoint=cfg.gradient_checkpointing,
                                            keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad)
     return loss, entropy_sum, metrics

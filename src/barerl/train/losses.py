@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from barerl.backend.ref import xp_of
+from barerl.ops.common import xp_of
 
 if TYPE_CHECKING:
     from barerl.model.model import TokenGrad

@@ -12,7 +12,7 @@ Design:
   formula), so the gradient buffer is never rewritten. A step whose gradient norm is not finite is skipped
   (nothing changes, the step count does not advance) and reported in the metrics.
 - bf16 working weights are rounded from the master stochastically (`rounding_seed`, see
-  backend.ref.optim): round-to-nearest would lose every update below half a bf16 step, which at RL's
+  ops.ref.adamw): round-to-nearest would lose every update below half a bf16 step, which at RL's
   learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
@@ -29,7 +29,7 @@ Design:
   results are bit-identical to a step on the device-resident state, and the state stays split (a later
   `offload()` just drops the gradients). state_dict and load_state_dict bring the state back (`restore()`).
 - An offloaded master is held as its low 16 bits where the bf16 working weights hold the rest (stochastic
-  rounding: backend.ref.optim.master_from_low16), checked element by element at the offload: 10 bytes a
+  rounding: ops.ref.adamw.master_from_low16), checked element by element at the offload: 10 bytes a
   parameter offloaded instead of 12, both ways. So while offloaded, the working weights are the master's
   high halves: only `step` may write them (load_state_dict restores first).
 """
@@ -42,8 +42,9 @@ from types import ModuleType
 
 import numpy as np
 
-from barerl.backend.ref.optim import BFLOAT16, master_from_low16, stochastic_round_bfloat16
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
+from barerl.ops.common import BFLOAT16
+from barerl.ops.ref.adamw import master_from_low16, stochastic_round_bfloat16
 
 ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
 STREAM_CHUNK = 1 << 24  # elements per chunk of a streamed step: 64 MiB per fp32 array, 0.4 GiB of staging

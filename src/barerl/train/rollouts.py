@@ -83,9 +83,8 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     start = time.perf_counter()
     prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
     params = [
-        SamplingParams(n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                       min_p=cfg.min_p or 0.0, max_tokens=cfg.max_completion_length, logprobs=True,
-                       seed=sampling_seed(cfg.seed, step, i, round_index))
+        SamplingParams.from_filter(cfg.sampling_filter, n=cfg.num_generations, max_tokens=cfg.max_completion_length,
+                                   logprobs=True, seed=sampling_seed(cfg.seed, step, i, round_index))
         for i in range(len(rows))
     ]
     groups: list[dict | None] = [None] * len(rows)

@@ -40,11 +40,13 @@ class TrainingSession:
     def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
         self.cfg = cfg
         self.device = resolve_device(cfg.device) if model is None else model.device
+        batch_invariant = getattr(cfg, "batch_invariant", None)  # GRPO's: set once, here, for the whole run
         if model is None:
             if not cfg.model:
                 raise ValueError("model: no model given (set --model PATH to a Hugging Face folder or .gguf)")
-            model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_auto_dtype(cfg.dtype, self.device))
-        self.model = model
+            model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_auto_dtype(cfg.dtype, self.device),
+                                          batch_invariant=bool(batch_invariant))
+        self.model = model if batch_invariant is None else model.with_batch_invariant(batch_invariant)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         if self.tokenizer is None:
             raise ValueError(f"model: {cfg.model} has no tokenizer (a folder needs tokenizer.json)")

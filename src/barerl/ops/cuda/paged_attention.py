@@ -1,0 +1,151 @@
+"""paged_attention on the GPU: split-KV ("flash-decoding") attention over the paged KV cache, and its batch-
+invariant variant.
+
+Kernels: csrc/paged_attention.cu (split-KV); the batch-invariant variant's kernel is in csrc/attention.cu, beside
+the training forward's tile code that it runs (a query row goes through the same operations in both).
+
+Design decisions:
+- One kernel serves decode and prefill: a CTA takes one query token, the GROUP query heads of one kv head (so
+  each K/V byte is read once per query token) and one of `num_splits` even parts of the keys that token sees.
+  Decode (T == S, known from shapes alone) skips the search for each token's sequence. Prefill re-reads a
+  sequence's keys once per query token (from L2 mostly): correct and simple; a tiled tensor-core prefill
+  kernel would read them once per tile.
+- num_splits depends only on shapes (T, K, the block table's width), never on context_lens' values, so a
+  launch is the same in every replay of a CUDA graph: enough CTAs to give every SM several, each part at
+  least _MIN_SPLIT_TOKENS long for the widest possible context. Parts past a short context are empty.
+- The cache's geometry (kv heads, block size) is compiled in, one build per model and block size, so a key's
+  address costs no division: the loop was issue-bound as much as memory-bound (bench/RESULTS.md, session 15).
+- Shapes the kernel does not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
+  heads per kv head) run the reference code on the same CuPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from barerl.ops import ref
+from barerl.ops.cuda.attention import CONFIG as ATTENTION_CONFIG
+from barerl.ops.cuda.attention import LOG2E, attention_defines, tensor_cores_cover
+from barerl.ops.cuda.build import ctype, load_kernel
+from barerl.ops.cuda.kv_cache import token_stride
+from barerl.ops.cuda.launch import contiguous, multiprocessors, require, reserve_shared_memory
+
+_THREADS = 128
+_CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
+# no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2 (session 4), 50.4 in 2 with
+# the UNROLL 2 ring that fits them in one wave (session 15)
+_UNSPLIT_CTAS_PER_SM = 2
+_MIN_SPLIT_TOKENS = 128
+# the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
+# (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
+_UNROLL, _STAGES = 4, 2
+
+
+def _supported(head_dim: int, group: int, cache_dtype) -> bool:
+    vec = 16 // np.dtype(cache_dtype).itemsize
+    per_row = head_dim // vec
+    return head_dim % vec == 0 and per_row <= 32 and per_row & (per_row - 1) == 0 and 1 <= group <= 16
+
+
+def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
+    """Parts per query token: fill the GPU when T x K alone does not, never parts under _MIN_SPLIT_TOKENS.
+    A split costs a combine pass and a second wave of short CTAs, so T x K of a couple of CTAs per SM stays
+    whole (bench/RESULTS.md, session 4)."""
+    work = num_tokens * num_kv_heads
+    if work >= _UNSPLIT_CTAS_PER_SM * multiprocessors():
+        return 1
+    target = _CTAS_PER_SM * multiprocessors()
+    return max(1, min(math.ceil(target / work), math.ceil(max_context / _MIN_SPLIT_TOKENS)))
+
+
+def paged_inputs(q, block_tables, context_lens, cu_seqlens_q):
+    """A paged-attention kernel's inputs: q (read in place when it is a row-strided view of the fused qkv, else
+    a dense copy) with its token stride, and the int32 device tables -> (q, q_stride, tables, lens, cu)."""
+    import cupy
+
+    i32 = np.int32
+    q_stride = token_stride(q)
+    if q_stride is None:
+        q = contiguous(q)
+        q_stride = q.shape[1] * q.shape[2]
+    return (q, q_stride, contiguous(cupy.asarray(block_tables).astype(i32, copy=False)),
+            cupy.asarray(context_lens).astype(i32, copy=False), cupy.asarray(cu_seqlens_q).astype(i32, copy=False))
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, batch_invariant=False):
+    """Causal attention of new query tokens against each sequence's cached keys and values.
+
+    q (T, H, D) packed by cu_seqlens_q (S+1,); caches (num_blocks, block_size, K, D); block_tables
+    (S, max_blocks) int32; context_lens (S,) counts cached tokens including the new ones. Returns o (T, H, D)
+    in q's dtype (the contract of ops.ref.paged_attention). `batch_invariant`: a token's output is bitwise
+    the one `attention` gives it in its packed sequence, whatever else is in the batch (the kernel of
+    attention.cu that shares the training forward's tile code); else the split-KV kernel of
+    paged_attention.cu.
+    """
+    run = _paged_attention_invariant if batch_invariant else _paged_attention_split
+    return run(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+
+
+def _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """The split-KV kernel (csrc/paged_attention.cu): fast, its sums' order depends on the split."""
+    import cupy
+
+    T, H, D = q.shape
+    _, block_size, K, Dc = k_cache.shape
+    require(Dc == D and H % K == 0 and v_cache.shape == k_cache.shape,
+            f"paged_attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+    group = H // K
+    if T == 0 or not _supported(D, group, k_cache.dtype):
+        return ref.paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    i32 = np.int32
+    q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
+                                                                         cu_seqlens_q)
+    S, max_blocks = block_tables.shape
+    splits = num_splits(T, K, max_blocks * block_size)
+    defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
+               "KV_HEADS": K, "BLOCK_SIZE": block_size, "UNROLL": _UNROLL, "STAGES": _STAGES}
+    out = cupy.empty((T, H, D), q.dtype)
+    o_part = cupy.empty((T, H, splits, D), np.float32) if splits > 1 else out
+    lse_part = cupy.empty((T, H, splits), np.float32) if splits > 1 else out
+    kernel = load_kernel("paged_attention.cu", "paged_attention_split", defines)
+    kernel((splits, K, T), (_THREADS,),
+           (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, o_part, lse_part, i32(S),
+            i32(max_blocks), i32(splits), i32(T == S),
+            np.float32(scale * math.log2(math.e)), np.int64(q_stride)))
+    if splits > 1:
+        combine = load_kernel("paged_attention.cu", "paged_attention_combine", defines)
+        combine((T * H,), (64 if D <= 64 else 128,), (o_part, lse_part, out, i32(splits)))
+    return out
+
+
+def _paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+    """`paged_attention` (same contract) whose output for a query token is bitwise the one `attention` gives
+    that token in its packed sequence, whatever else is in the batch: the decode side of batch-invariant
+    rollouts (engine and trainer compute the same log-probs). One warp per (token, kv head) walks all the
+    token's keys (no split), so it suits many sequences (rollouts), not one long one. Inputs the tensor-core
+    kernels do not cover (fp32, other head sizes) take the ordinary paged kernel."""
+    import cupy
+
+    T, H, D = q.shape
+    _, block_size, K, _ = k_cache.shape
+    if not (tensor_cores_cover(q) and k_cache.dtype == q.dtype and H // K <= 16):
+        return _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    require(H % K == 0 and k_cache.shape[3] == D and v_cache.shape == k_cache.shape,
+            f"paged_attention_invariant: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+    i32 = np.int32
+    q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
+                                                                         cu_seqlens_q)
+    out = cupy.empty((T, H, D), q.dtype)
+    if T == 0:
+        return out
+    S, max_blocks = block_tables.shape
+    kernel = load_kernel("attention.cu", "paged_attention_invariant", attention_defines(q.dtype, D))
+    # Q and a ring of 3 K/V tiles
+    smem = reserve_shared_memory(kernel, (16 + 3 * ATTENTION_CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
+    kernel((K, T), (32,),
+           (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, i32(S), i32(H), i32(K),
+            i32(block_size), i32(max_blocks), i32(T == S), np.int64(q_stride), np.float32(scale * LOG2E)),
+           shared_mem=smem)
+    return out
