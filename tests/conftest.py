@@ -172,8 +172,7 @@ def write_tiny_gguf(path, arch="llama", tied=True, quant=None, skip_keys=(), rop
     import gguf
     import numpy as np
 
-    from barerl.config import ModelConfig
-    from barerl.model.weights import parameter_shapes
+    from barerl.config import ModelConfig, parameter_shapes
 
     tok = {"tokens": [f"t{i}" for i in range(TINY_GGUF_DIMS["vocab_size"])], **(tokenizer or {})}
     dims = {**TINY_GGUF_DIMS, "vocab_size": len(tok["tokens"]), "head_dim": head_dim}

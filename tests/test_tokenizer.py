@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from barerl.model.gguf import read_gguf
+from barerl.formats.gguf import read_gguf
 from barerl.tokenizer import (
     ChatTemplateError,
     GGUFTokenizerError,

@@ -19,7 +19,7 @@ COMMANDS = {
     "grpo": ("barerl.train.cli", "GRPO reinforcement learning with Python reward functions"),
     "eval": ("barerl.train.cli", "accuracy of a checkpoint on a task, generating with the engine"),
     "generate": ("barerl.engine.cli_generate", "generate completions with the inference engine"),
-    "info": ("barerl.model.info", "describe a model folder or GGUF file: architecture, size, tokenizer"),
+    "info": ("barerl.info", "describe a model folder or GGUF file: architecture, size, tokenizer"),
 }
 
 

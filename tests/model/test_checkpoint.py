@@ -16,14 +16,10 @@ import pytest
 import safetensors.numpy
 
 from barerl.config import ConfigError, ModelConfig
-from barerl.model.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    read_safetensors,
-    save_checkpoint,
-    write_safetensors,
-)
-from barerl.model.info import describe
+from barerl.formats import CheckpointError
+from barerl.formats.safetensors import read_safetensors, write_safetensors
+from barerl.info import describe
+from barerl.model.checkpoint import load_checkpoint, save_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -91,9 +87,9 @@ def test_load_gguf_goes_through_read_gguf(tiny_hf_model, tmp_path, monkeypatch):
     state = torch_state(model)
     fake = types.SimpleNamespace(config=model.config.to_dict(),
                                  tensors={k: v for k, v in state.items() if k != "lm_head.weight"})
-    module = types.ModuleType("barerl.model.gguf")
+    module = types.ModuleType("barerl.formats.gguf")
     module.read_gguf = lambda path: fake
-    monkeypatch.setitem(sys.modules, "barerl.model.gguf", module)
+    monkeypatch.setitem(sys.modules, "barerl.formats.gguf", module)
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"GGUF")
     cfg, params = load_checkpoint(path, dtype="bfloat16")
@@ -107,7 +103,7 @@ def test_load_gguf_goes_through_read_gguf(tiny_hf_model, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_load_real_gguf(smollm2_gguf_path, smollm2_hf_model):
     """SmolLM2-135M (Q4_1/Q8_0/F32) through load_checkpoint equals transformers' own GGUF load."""
-    pytest.importorskip("barerl.model.gguf")
+    pytest.importorskip("barerl.formats.gguf")
     cfg, params = load_checkpoint(smollm2_gguf_path)
     assert (cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size) == ("LlamaForCausalLM", 30, 576)
     state = torch_state(smollm2_hf_model)

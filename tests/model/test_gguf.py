@@ -10,10 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from barerl.config import ConfigError, ModelConfig
-from barerl.model.gguf import GGUFError, read_gguf
-from barerl.model.gguf_quants import GGML_TYPES, dequantize, type_name
-from barerl.model.weights import parameter_shapes
+from barerl.config import ConfigError, ModelConfig, parameter_shapes
+from barerl.formats.gguf import GGUFError, read_gguf
+from barerl.formats.gguf_quants import GGML_TYPES, dequantize, type_name
 
 gguf = pytest.importorskip("gguf")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from barerl.config import ModelConfig
-from barerl.model.checkpoint import resolve_dtype
+from barerl.formats.safetensors import resolve_dtype
 from barerl.model.model import Model, PackedBatch
 from barerl.model.weights import ParameterBuffer
 

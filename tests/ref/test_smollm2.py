@@ -16,7 +16,7 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def ours(smollm2_gguf_path):
-    from barerl.model.gguf import read_gguf
+    from barerl.formats.gguf import read_gguf
 
     return Model.from_pretrained(smollm2_gguf_path), Tokenizer.from_gguf(read_gguf(smollm2_gguf_path))
 

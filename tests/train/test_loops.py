@@ -77,7 +77,7 @@ def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
 def smollm2_like_model(device: str, dtype: str, seed=0, max_position_embeddings=64) -> Model:
     """SmolLM2's shape in miniature (Llama, 3 query heads per kv head, tied head), the same random weights on
     either device; head_dim 64 so that the GPU runs its attention kernels."""
-    from barerl.model.checkpoint import resolve_dtype
+    from barerl.formats.safetensors import resolve_dtype
     from barerl.model.weights import ParameterBuffer
 
     cfg = ModelConfig.from_dict({

@@ -25,16 +25,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from barerl.config import ModelConfig
+from barerl.config import ModelConfig, parameter_shapes
+from barerl.formats.safetensors import resolve_dtype
 from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
-from barerl.model.checkpoint import load_checkpoint, resolve_dtype
+from barerl.model.checkpoint import load_checkpoint
 from barerl.model.forward import RopeContext, layer_activations, layer_forward, layer_output
 from barerl.model.loss_rows import LossRows
 from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
 from barerl.model.sampling_filter import SamplingFilter
-from barerl.model.weights import ParameterBuffer, parameter_shapes
+from barerl.model.weights import ParameterBuffer
 from barerl.ops import ModelOps, get_backend
 
 

@@ -11,45 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from barerl.config import ModelConfig
-
-
-def layer_parameter_shapes(cfg: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
-    C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    p = f"model.layers.{i}."
-    shapes = [
-        (p + "input_layernorm.weight", (C,)),
-        (p + "self_attn.q_proj.weight", (cfg.q_size, C)),
-        (p + "self_attn.k_proj.weight", (cfg.kv_size, C)),
-        (p + "self_attn.v_proj.weight", (cfg.kv_size, C)),
-    ]
-    if cfg.attention_bias:
-        shapes += [
-            (p + "self_attn.q_proj.bias", (cfg.q_size,)),
-            (p + "self_attn.k_proj.bias", (cfg.kv_size,)),
-            (p + "self_attn.v_proj.bias", (cfg.kv_size,)),
-        ]
-    if cfg.qk_norm:
-        shapes += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
-    shapes += [
-        (p + "self_attn.o_proj.weight", (C, cfg.q_size)),
-        (p + "post_attention_layernorm.weight", (C,)),
-        (p + "mlp.gate_proj.weight", (I, C)),
-        (p + "mlp.up_proj.weight", (I, C)),
-        (p + "mlp.down_proj.weight", (C, I)),
-    ]
-    return shapes
-
-
-def parameter_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """Every trainable tensor, in buffer order, with its Hugging Face name."""
-    shapes = [("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))]
-    for i in range(cfg.num_hidden_layers):
-        shapes += layer_parameter_shapes(cfg, i)
-    shapes.append(("model.norm.weight", (cfg.hidden_size,)))
-    if not cfg.tie_word_embeddings:
-        shapes.append(("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
-    return shapes
+from barerl.config import ModelConfig, parameter_shapes
 
 
 def parameter_offsets(cfg: ModelConfig) -> dict[str, tuple[int, tuple[int, ...]]]:

@@ -10,12 +10,12 @@ def load_tokenizer(path) -> Tokenizer | None:
     """The tokenizer of a model folder (tokenizer.json) or .gguf file; None for a folder without one."""
     import os
 
-    from barerl.model.checkpoint import resolve_model_path
+    from barerl.formats.paths import resolve_model_path
 
     path = resolve_model_path(path)
     if os.path.isdir(path):
         return Tokenizer.from_pretrained(path) if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
-    from barerl.model.gguf import read_gguf
+    from barerl.formats.gguf import read_gguf
 
     model = read_gguf(path)
     return Tokenizer.from_gguf(model) if model.tokenizer_spec is not None else None

@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
-from barerl.model.gguf import GGUFTokenizerSpec
+from barerl.formats.gguf import GGUFTokenizerSpec
 
 CONTROL, USER_DEFINED = 3, 4
 

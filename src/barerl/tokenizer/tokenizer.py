@@ -29,7 +29,7 @@ from barerl.tokenizer.chat_template import ChatTemplateError, render_chat
 from barerl.tokenizer.from_gguf import build_backend, template_processor
 
 if TYPE_CHECKING:
-    from barerl.model.gguf import GGUFModel
+    from barerl.formats.gguf import GGUFModel
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # transformers' per-class defaults for special tokens that tokenizer_config.json leaves out (not for explicit nulls)
@@ -113,7 +113,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, model: GGUFModel) -> Tokenizer:
-        """From a `barerl.model.gguf.GGUFModel` (its vocabulary, merges, special ids and chat template)."""
+        """From a `barerl.formats.gguf.GGUFModel` (its vocabulary, merges, special ids and chat template)."""
         spec = model.tokenizer_spec
         if spec is None:
             raise TokenizerError(f"{model.path}: no tokenizer in the file (metadata 'tokenizer.ggml.tokens')")

@@ -9,9 +9,9 @@ Layout of `output_dir/checkpoint-{step}/`:
                                                            position, the run's config, extra; written last
 
 Design decisions:
-- Atomic: everything is written into `output_dir/.tmp-checkpoint-{step}-XXXX/`, fsynced, then renamed to
-  `checkpoint-{step}`. A crash mid-save leaves only a temp folder, which `latest_checkpoint` ignores and
-  the next save deletes; the previous checkpoints are untouched. Rotation (`save_total_limit`) deletes
+- Atomic (formats/atomic.py): everything is written into `output_dir/.tmp-checkpoint-{step}-XXXX/`, fsynced,
+  then renamed to `checkpoint-{step}`. A crash mid-save leaves only a temp folder, which `latest_checkpoint`
+  ignores and the next save deletes; the previous checkpoints are untouched. Rotation (`save_total_limit`) deletes
   the oldest checkpoints only after the new one is in place.
 - Non-array state is JSON (readable, diffable); the RNG state is whatever JSON-able value the loop gives
   (e.g. `np.random.Generator.bit_generator.state`); NumPy scalars and arrays in it become numbers/lists.
@@ -24,14 +24,15 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from barerl.model.checkpoint import _fsync_tree, read_safetensors, save_checkpoint, write_safetensors
+from barerl.formats.atomic import atomic_folder
+from barerl.formats.safetensors import read_safetensors, write_safetensors
+from barerl.model.checkpoint import write_checkpoint
 
 FORMAT_VERSION = 1
 STATE_DIR = "trainer_state"
@@ -79,18 +80,11 @@ def save_training_state(
     output_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(output_dir)
     final = output_dir / f"checkpoint-{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{step}-", dir=output_dir))
-    try:
+    with atomic_folder(final, temp_prefix=f"{TEMP_PREFIX}{step}-") as tmp:
         if params is not None:
-            save_checkpoint(tmp, params.cfg, params, tokenizer=tokenizer)
+            write_checkpoint(tmp, params.cfg, params, tokenizer=tokenizer)
         _write_trainer_state(tmp / STATE_DIR, step, optimizer, scheduler_state, rng_state, data_state,
                              config, extra or {})
-        _fsync_tree(str(tmp))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _replace(tmp, final)
-    _fsync_dir(output_dir)
     if save_total_limit is not None:
         rotate_checkpoints(output_dir, save_total_limit, keep=final)
     return final
@@ -124,25 +118,6 @@ def _json_default(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"training state: cannot store {type(obj).__name__} {obj!r} as JSON")
-
-
-def _replace(tmp: Path, final: Path) -> None:
-    """Rename tmp to final; an existing final (same step saved again) is moved aside, then deleted."""
-    if not final.exists():
-        os.rename(tmp, final)
-        return
-    aside = final.with_name(f"{TEMP_PREFIX}{final.name}-replaced")
-    os.rename(final, aside)
-    os.rename(tmp, final)
-    shutil.rmtree(aside)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_temps(output_dir: Path) -> None:

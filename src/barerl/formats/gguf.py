@@ -7,7 +7,7 @@ Design decisions:
   loading a big file costs the fp32 copy the caller keeps and nothing more.
 - What comes out is what a Hugging Face folder would hold: `config` is a config.json-style dict for
   Llama / Qwen2 / Qwen3 built from the `<arch>.*` metadata, and `tensors` is keyed by the names of
-  `barerl.model.weights.parameter_shapes` with Hugging Face shapes. Everything is checked against
+  `barerl.config.parameter_shapes` with Hugging Face shapes. Everything is checked against
   `ModelConfig` + `parameter_shapes` at open time, so a file that cannot become a model fails before
   any tensor is dequantised.
 - llama.cpp's renaming, its q/k row interleave (llama architecture only) and its Llama 3 rope factors
@@ -27,16 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from barerl.config import ModelConfig
-from barerl.model.gguf_names import (
+from barerl.config import ModelConfig, parameter_shapes
+from barerl.formats.gguf_names import (
     ARCHITECTURES,
     ROPE_FREQS,
     hf_name,
     llama3_scaling_from_freqs,
     unpermute_rope_rows,
 )
-from barerl.model.gguf_quants import GGML_TYPES, dequantize, type_name
-from barerl.model.weights import parameter_shapes
+from barerl.formats.gguf_quants import GGML_TYPES, dequantize, type_name
 
 
 class GGUFError(ValueError):

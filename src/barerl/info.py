@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from barerl.config import ModelConfig
-from barerl.model.checkpoint import load_config, resolve_model_path, stored_dtypes
+from barerl.formats.paths import load_config, resolve_model_path, stored_dtypes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def describe(cfg: ModelConfig, tokenizer=None, stored: dict[str, int] | None = None) -> str:
-    """`stored`: dtype -> tensor count as on disk (`checkpoint.stored_dtypes`); default: the config's dtype."""
+    """`stored`: dtype -> tensor count as on disk (`formats.paths.stored_dtypes`); default: the config's dtype."""
     heads = (f"{cfg.num_attention_heads} query, {cfg.num_key_value_heads} key/value "
              f"({cfg.num_attention_heads // cfg.num_key_value_heads} per group), head_dim {cfg.head_dim}")
     rows = [
