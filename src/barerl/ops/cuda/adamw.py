@@ -1,4 +1,4 @@
-"""Fused AdamW and global grad-norm launchers (csrc/adamw.cu), same contracts as backend/ref/optim.py.
+"""Fused AdamW and global grad-norm launchers (csrc/adamw.cu), same contracts as ops/ref/adamw.py.
 
 One elementwise pass over the flat buffers: grad is read once, master and both moments are read and
 written once, and the working weights (the copy forward passes and the engine read) are overwritten in place.

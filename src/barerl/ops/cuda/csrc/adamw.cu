@@ -1,15 +1,17 @@
 // Fused AdamW step over one flat fp32 master buffer, and the global gradient norm.
+// Reference twin: ops/ref/adamw.py (adamw_step, grad_norm).
+// Launchers: ops/cuda/adamw.py; tests: tests/ops/test_adamw.py.
 //
 // Math (torch.optim.AdamW, per element; g = grad * grad_scale; d = decay_mask ? 1 - lr * wd : 1):
 //          p *= d;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //          p -= step_size * m / (sqrt(v) / bias_correction2_sqrt + eps);  working = p rounded to WORK_DTYPE
 //          with step_size = lr / (1 - b1^step), bias_correction2_sqrt = sqrt(1 - b2^step) (host computed).
 //          stochastic != 0 (bf16 working weights only): working = stochastic_round_bf16(p, 16 bits of
-//          splitmix64(rounding_seed, step * 2^40 + offset + i + 1)), unbiased (see backend.ref.optim);
+//          splitmix64(rounding_seed, step * 2^40 + offset + i + 1)), unbiased (see ops.ref.adamw);
 //          `offset` is element 0's index in the whole buffer, so a buffer updated chunk by chunk rounds
 //          exactly as in one launch. master_low != null (with stochastic rounding): the master is held as its
 //          low 16 bits, its high half being working's bits less the carry of (low + step - 1's random bits)
-//          (backend.ref.optim.master_from_low16); master is then null.
+//          (ops.ref.adamw.master_from_low16); master is then null.
 //          grad_norm: sum of g^2 in fp32 per block, blocks added into one fp64 scalar (caller zeroes it).
 // Shapes:  master, exp_avg, exp_avg_sq (N,) fp32, updated in place; grad (N,) DTYPE; decay_mask (N,) uint8 or
 //          null (decay everywhere); working (N,) WORK_DTYPE or null, overwritten; master_low (N,) uint16 or null.

@@ -1,4 +1,6 @@
 // advance_decode: one decode step's inputs become the next step's, on the device (inside a CUDA graph that
+// Reference twin: ops/ref/advance_decode.py (advance_decode).
+// Launchers: ops/cuda/advance_decode.py; tests: tests/ops/test_advance_decode.py.
 // holds several decode steps), in one kernel instead of the reference's dozen elementwise CuPy ones.
 //
 // Math:    for each row r with slot_mapping[r] >= 0 (padding rows, slot -1, stay as they are):

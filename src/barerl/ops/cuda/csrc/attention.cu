@@ -1,4 +1,8 @@
 // FlashAttention-2 for packed causal variable-length sequences with grouped-query heads (bf16/fp16 only).
+// Reference twin: ops/ref/attention.py (attention, attention_backward).
+// Launchers: ops/cuda/attention.py; tests: tests/ops/test_attention.py.
+// Also the decode kernel paged_attention_invariant (ops.paged_attention(batch_invariant=True), launched from
+// ops/cuda/paged_attention.py): it runs this file's forward tile code, so a query row's arithmetic is the same.
 // Dtypes: __nv_bfloat16 __half
 //
 // Math:    per sequence, head h (kv head h / (H / K)): S = Q K^T * scale, causal; P = softmax(S);  O = P V;

@@ -1,7 +1,7 @@
 // Shared device helpers for every barerl kernel.
 //
 // Element type: each .cu is compiled once per storage dtype with -DDTYPE=<float | __half | __nv_bfloat16>
-// (barerl.kernels.build.ctype); `scalar_t` is that type. All arithmetic is fp32: load with to_float,
+// (barerl.ops.cuda.build.ctype); `scalar_t` is that type. All arithmetic is fp32: load with to_float,
 // store with from_float<T> (round to nearest even).
 // Vectors: VEC = elements of scalar_t in 16 bytes; load_vec/store_vec move VEC elements as one 16-byte access
 // (the pointer must be 16-byte aligned: launchers check row lengths are multiples of VEC).
@@ -32,7 +32,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 
 typedef unsigned long long u64;
 
-// Counter-based random bits, the reference's backend.ref.counter_rng.splitmix64 (uint64, wrapping).
+// Counter-based random bits, the reference's ops.ref.counter_rng.splitmix64 (uint64, wrapping).
 __device__ __forceinline__ u64 splitmix64(u64 seed, u64 key) {
     const u64 x = seed + 0x9E3779B97F4A7C15ull * key;
     u64 z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -1,4 +1,6 @@
 // Embedding gather (forward) and scatter-add (backward).
+// Reference twin: ops/ref/embedding.py (embedding, embedding_backward).
+// Launchers: ops/cuda/embedding.py; tests: tests/ops/test_embedding.py.
 //
 // Math:    out[t, :] = table[ids[t], :];   dtable[ids[t], :] += dx[t, :]
 // Shapes:  ids (T,) int32 in [0, V); table (V, C) DTYPE; out, dx (T, C) DTYPE; dtable (V, C) fp32,

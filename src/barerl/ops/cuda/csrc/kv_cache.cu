@@ -1,4 +1,6 @@
 // store_kv: write the new tokens' keys and values into the paged KV cache.
+// Reference twin: ops/ref/kv_cache.py (store_kv).
+// Launchers: ops/cuda/kv_cache.py; tests: tests/ops/test_kv_cache.py.
 //
 // Math:    k_cache[slot // BS, slot % BS, h, :] = k[t, h, :] (and the same for v) for slot = slot_mapping[t];
 //          slot < 0 skips the token (padding). Rounded from SRC_T to the cache dtype once.

@@ -1,4 +1,6 @@
 // LM-head log-softmax statistics and gradient over one chunk of fp32 logits (computed by a cuBLAS GEMM with
+// Reference twin: ops/ref/lm_head.py (lm_head_logprobs, lm_head_backward, lm_head_forward_backward).
+// Launchers: ops/cuda/lm_head.py; tests: tests/ops/test_lm_head.py.
 // alpha = inv_temperature, so `logits` here are already scaled).
 //
 // Math (per row r, logits l over V classes, target y = targets[r]):

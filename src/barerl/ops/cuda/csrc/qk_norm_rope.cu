@@ -1,4 +1,6 @@
 // Per-head q/k RMSNorm (Qwen3; optional) + rotary embedding (NeoX half-split), fused; v passes through.
+// Reference twin: ops/ref/qk_norm_rope.py (qk_norm_rope, qk_norm_rope_backward, qk_norm_rope_store).
+// Launchers: ops/cuda/qk_norm_rope.py; tests: tests/ops/test_qk_norm_rope.py.
 // The forward can also write each token's rotated k and its v into the paged KV cache (the engine's
 // qk_norm_rope_store: qk_norm_rope then store_kv, in one kernel).
 //

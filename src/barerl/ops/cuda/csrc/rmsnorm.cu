@@ -1,4 +1,6 @@
 // RMSNorm over the last axis, forward and backward.
+// Reference twin: ops/ref/rmsnorm.py (rmsnorm, rmsnorm_backward).
+// Launchers: ops/cuda/rmsnorm.py; tests: tests/ops/test_rmsnorm.py.
 //
 // Math:    rstd[t] = 1 / sqrt(mean_c x[t,c]^2 + eps);  y[t,c] = x[t,c] * rstd[t] * w[c]
 //          backward, with xhat = x * rstd and g = dy * w:

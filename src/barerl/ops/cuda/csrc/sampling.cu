@@ -1,5 +1,7 @@
 // sample: one token per row of fp32 logits, with temperature, top-k, top-p, min-p, a counter-based hash as
-// the random source, and the log-prob of the sampled token. The contract is backend/ref/sampling.py's
+// Reference twin: ops/ref/sampling.py (sample).
+// Launchers: ops/cuda/sampling.py; tests: tests/ops/test_sampling.py.
+// the random source, and the log-prob of the sampled token. The contract is ops/ref/sampling.py's
 // `sample`: inverse-CDF sampling over exact fixed-point masses with one random draw per row,
 //   z = logits / T;  m = max z;  p_v = expf(z_v - m) for kept v;  mass_v = rint(p_v * 2^42) (u64);
 //   target = floor(splitmix64(seed, counter) * total / 2^64) < total;

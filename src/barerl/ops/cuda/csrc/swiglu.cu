@@ -1,4 +1,6 @@
 // SwiGLU activation of the MLP, forward and backward.
+// Reference twin: ops/ref/swiglu.py (swiglu, swiglu_backward).
+// Launchers: ops/cuda/swiglu.py; tests: tests/ops/test_swiglu.py.
 //
 // Math:    gate_up = [g | u] per row;  a = silu(g) * u = g * sigmoid(g) * u
 //          backward: dg = da * u * s * (1 + g * (1 - s)),  du = da * g * s,  with s = sigmoid(g)
