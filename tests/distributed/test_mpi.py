@@ -100,3 +100,77 @@ def test_two_ranks_give_one_ranks_weights_bit_for_bit(runs, name):
     assert logged(two) == logged(one)  # rank 0 logged the whole batch's metrics, once per step
     assert not (Path(two) / "metrics-rank1.jsonl").exists()
     assert sorted(p.name for p in Path(two).glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+FAULT_TIMEOUT = 4.0  # ddp_timeout of the fault runs, seconds
+
+
+def fault_run(root: Path, kind: str):
+    """bnpo on 2 ranks, rank 1 hanging or dying in its reward at step 2 (after its 2 prompts of step 1)."""
+    run = case("bnpo", root, 2, fault={"rank": 1, "after_calls": 2, "kind": kind},
+               config={"ddp_timeout": FAULT_TIMEOUT})
+    run["output_dir"] += f"-{kind}"
+    started = time.monotonic()
+    result = mpiexec(2, [run], root, timeout=120)
+    return run["output_dir"], result, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def faults(runs):
+    return {kind: fault_run(runs, kind) for kind in ("hang", "kill")}
+
+
+def test_a_hung_rank_ends_the_job_within_the_timeout_naming_it(faults):
+    output_dir, result, seconds = faults["hang"]
+    assert result.returncode != 0
+    assert "rollouts: no word from rank 1 for 4 s (ddp_timeout): dead or hung; ending the job" in result.stderr
+    assert seconds < FAULT_TIMEOUT + 25, seconds  # start-up and step 1 included
+    assert sorted(p.name for p in Path(output_dir).glob("checkpoint-*")) == ["checkpoint-1"]
+
+
+def test_a_killed_rank_ends_the_job(faults):
+    output_dir, result, seconds = faults["kill"]
+    said = (result.stdout + result.stderr).lower()  # the launcher's words: MPICH's hydra prints on stdout
+    assert result.returncode != 0 and "signal 9" in said.replace(":", ""), said[-2000:]
+    assert seconds < FAULT_TIMEOUT + 25, seconds
+    assert (Path(output_dir) / "checkpoint-1" / "trainer_state" / "state.json").is_file()
+
+
+def test_checkpoints_resume_on_another_number_of_ranks_to_the_same_bits(runs, faults):
+    """2 ranks from 1 rank's checkpoint of step 1, 1 rank from 2 ranks' (the hung job's, sharded state
+    gathered by rank 0): step 2 lands on the uninterrupted runs' bits."""
+    resumes = {}
+    for ranks, source in ((2, 1), (1, 2)):
+        cases = []
+        for name in ("sft", "bnpo"):
+            checkpoint = faults["hang"][0] if (name, ranks) == ("bnpo", 1) else str(runs / f"{name}-{source}")
+            run = case(name, runs, ranks, config={"resume_from_checkpoint": str(Path(checkpoint) / "checkpoint-1")})
+            run["output_dir"] += f"-resumed-from-{source}"
+            cases.append(run)
+            resumes[run["output_dir"]] = str(runs / f"{name}-1")
+        result = mpiexec(ranks, cases, runs)
+        assert result.returncode == 0, result.stderr[-4000:]
+    for resumed, uninterrupted in resumes.items():
+        np.testing.assert_array_equal(weights(resumed), weights(uninterrupted), resumed)
+        assert logged(resumed) == logged(uninterrupted)[1:], resumed  # its own log starts at step 2
+
+
+def test_mpiexec_runs_the_barerl_command_unchanged(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from test_loops import SFT_ROWS, tiny_model
+
+    from barerl.model.checkpoint import save_checkpoint
+    from barerl.train.demo import make_tokenizer
+
+    model, folder, data = tiny_model(), tmp_path / "model", tmp_path / "sft.jsonl"
+    save_checkpoint(folder, model.cfg, model.params, tokenizer=make_tokenizer())
+    data.write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "barerl", "sft", "--model", str(folder), "--dataset", str(data),
+         "--output-dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "4"],
+        env=ENV, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("SFT done: 3 steps") == 1  # rank 0 reports
+    assert [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]
+    assert (out / "checkpoint-3" / "model.safetensors").is_file() and (out / "curves.png").is_file()
