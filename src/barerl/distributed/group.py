@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at a collective (the `ddp_timeout` default)
-_ARRIVE, _GO = 7301, 7302  # MPI tags of the arrival reports
+_ARRIVE, _GO, _GATHER = 7301, 7302, 7304  # MPI tags: arrival reports, rank 0's answer, gathered arrays
 # Environment variables launchers set to the number of processes: Open MPI, MPICH / Intel MPI (hydra's PMI),
 # Slurm's srun (for the job step; SLURM_NTASKS is set in a batch script outside srun too)
 _SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -69,7 +69,7 @@ class ProcessGroup:
                 self.abort(f"{what}: no word from rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} "
                            f"for {self.timeout:g} s (ddp_timeout): dead or hung; ending the job")
             time.sleep(pause)
-            pause = min(0.01, pause * 2 or 1e-5)
+            pause = min(1e-3, pause * 2 or 1e-5)  # at most a millisecond late
 
     def arrive(self, what: str) -> None:
         """Return once every rank has reached this collective (see the module docstring)."""
@@ -135,9 +135,9 @@ class ProcessGroup:
         counts = self.mpi_comm.allgather(len(parts))
         if not self.is_main:
             for array in parts:
-                self.mpi_comm.send(array, dest=0, tag=_ARRIVE)
+                self.mpi_comm.send(array, dest=0, tag=_GATHER)
             return None
-        return [parts] + [[self.mpi_comm.recv(source=r, tag=_ARRIVE) for _ in range(counts[r])]
+        return [parts] + [[self.mpi_comm.recv(source=r, tag=_GATHER) for _ in range(counts[r])]
                           for r in range(1, self.size)]
 
     def select_gpu(self) -> int:
