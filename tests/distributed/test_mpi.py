@@ -124,7 +124,7 @@ def test_a_hung_rank_ends_the_job_within_the_timeout_naming_it(faults):
     output_dir, result, seconds = faults["hang"]
     assert result.returncode != 0
     assert "rollouts: no word from rank 1 for 4 s (ddp_timeout): dead or hung; ending the job" in result.stderr
-    assert seconds < FAULT_TIMEOUT + 25, seconds  # start-up and step 1 included
+    assert seconds < FAULT_TIMEOUT + 60, seconds  # start-up and step 1 included (the hang would last an hour)
     assert sorted(p.name for p in Path(output_dir).glob("checkpoint-*")) == ["checkpoint-1"]
 
 
@@ -132,7 +132,7 @@ def test_a_killed_rank_ends_the_job(faults):
     output_dir, result, seconds = faults["kill"]
     said = (result.stdout + result.stderr).lower()  # the launcher's words: MPICH's hydra prints on stdout
     assert result.returncode != 0 and "signal 9" in said.replace(":", ""), said[-2000:]
-    assert seconds < FAULT_TIMEOUT + 25, seconds
+    assert seconds < FAULT_TIMEOUT + 60, seconds
     assert (Path(output_dir) / "checkpoint-1" / "trainer_state" / "state.json").is_file()
 
 
