@@ -16,6 +16,7 @@ Run N = 1 first, then 2, 4, 8 with the same DIR; each run prints its line and wr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -54,6 +55,14 @@ def compare(out: Path, ranks: int, quick: bool) -> dict:
             "bitwise_equal": bool(np.array_equal(many.view(np.uint32), one.view(np.uint32)))}
 
 
+def release_device_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
 def main() -> None:
     from barerl.distributed import process_group
 
@@ -70,6 +79,7 @@ def main() -> None:
     out, ranks, micro = Path(args.out), group.size, args.micro_batch
     scaling = run(args.quick, args.steps, args.device, micro_batch=micro, num_prompts=8 * ranks,
                   output_dir=out / f"scaling-{ranks}")
+    release_device_memory(args.device)  # the first run's engine and arrays, before the second's
     # the 1-GPU batch shared: generation_batch_size is the whole job's; one update (gradient_accumulation_steps
     # = each rank's micro-batch steps)
     accumulation = max(1, 64 // (micro * ranks))
