@@ -12,6 +12,7 @@ train from metrics.jsonl. The peer (TRL's GRPOTrainer) runs in its own process: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -44,8 +45,12 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
 
 
 def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: float | None = None,
-        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16) -> dict:
+        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16,
+        num_prompts: int = 8, output_dir: Path | None = None, overrides: dict | None = None) -> dict | None:
+    """R1 as one process runs it, or as each of several does (`mpirun`; bench_data_parallel.py): `num_prompts`
+    per step in all, `overrides` of the config; the result on rank 0 (None on the others)."""
     from barerl.config import ModelConfig
+    from barerl.distributed import process_group
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
     from barerl.train.grpo import train_grpo
@@ -60,8 +65,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
     model = Model.random(cfg, device=device, dtype="bfloat16" if device == "cuda" else "float32", seed=0)
     rng = np.random.default_rng(0)
     rows = [{"prompt": " ".join(f"t{i}" for i in rng.integers(2, cfg.vocab_size, prompt_len))}
-            for _ in range(8 * steps)]
-    out = Path(tempfile.mkdtemp(prefix="r1-"))
+            for _ in range(num_prompts * steps)]
+    out = output_dir or Path(tempfile.mkdtemp(prefix="r1-"))
     config = GRPOConfig(
         output_dir=str(out), max_steps=steps, num_generations=8, per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=64 // micro_batch, max_prompt_length=prompt_len, max_completion_length=new_tokens,
@@ -71,11 +76,14 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         offload_optimizer_ratio=offload_optimizer or 1.0,
         gradient_checkpointing_keep=keep, batch_invariant=batch_invariant,
     )
+    config = dataclasses.replace(config, **(overrides or {}))
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,
                reward_funcs=[cheap_reward], show_progress=False,
                engine_args={"num_scheduler_steps": num_scheduler_steps})
     wall = time.perf_counter() - start
+    if not process_group().is_main:  # rank 0 wrote the metrics
+        return None
     with open(out / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
     timed = records[1:] or records
@@ -87,7 +95,8 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         "" if batch_invariant else ", batch_invariant off") + (
         f", micro-batches of {micro_batch}" if micro_batch != 16 else "")
     result = {"system": system, "step_s": sum(phases.values()), **phases, "wall_all_steps_s": wall,
-              "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 64,
+              "completion_tokens": float(np.median([r["completions/mean_length"] for r in timed])) * 8 * num_prompts,
+              "trained_tokens": float(np.median([r["num_tokens"] for r in timed])),
               "mismatch_max": max(r["mismatch/max"] for r in timed),
               **{f"mismatch_{key}": float(np.median([r[f"mismatch/{key}"] for r in timed]))
                  for key in ("mean", "p99", "kl")}}

@@ -108,14 +108,14 @@ def test_bf16_working_weights_follow_master_and_grad_scale_is_applied():
     params = ParameterBuffer(cfg, init.astype(ml_dtypes.bfloat16))
     opt = AdamW(params, ref, betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
                 max_grad_norm=None)
-    opt.master.flat[...] = init  # exact fp32 start, as a loaded fp32 checkpoint would give
+    opt.master[...] = init  # exact fp32 start, as a loaded fp32 checkpoint would give
     for g in grads:
         opt.zero_grad()
         opt.grads.flat += 4 * g
         opt.step(HYPER["lr"], grad_scale=0.25)
-    for name, got in opt.master:
+    for name, got in ParameterBuffer(cfg, opt.master):
         assert_close(name, got, want[name])
-    np.testing.assert_array_equal(params.flat, opt.master.flat.astype(ml_dtypes.bfloat16))
+    np.testing.assert_array_equal(params.flat, opt.master.astype(ml_dtypes.bfloat16))
 
 
 def test_stochastic_rounding_is_unbiased_between_the_two_neighbours():
@@ -180,7 +180,7 @@ def test_bf16_stochastic_rounding_resumes_the_same_working_weights():
     np.testing.assert_array_equal(c.params.flat.view(np.uint16), b.params.flat.view(np.uint16))
     run(c, grads[2:])
     np.testing.assert_array_equal(c.params.flat.view(np.uint16), a.params.flat.view(np.uint16))
-    assert not np.array_equal(a.params.flat, a.master.flat.astype(ml_dtypes.bfloat16))  # not nearest
+    assert not np.array_equal(a.params.flat, a.master.astype(ml_dtypes.bfloat16))  # not nearest
 
 
 def test_non_finite_gradient_skips_the_step():
@@ -291,7 +291,7 @@ def _bits(array):
 
 
 def _low_halves(opt):
-    master = opt.master.flat
+    master = opt.master
     return (master.get() if hasattr(master, "get") else master).view(np.uint32).astype(np.uint16)
 
 
@@ -303,7 +303,7 @@ def _assert_same_steps(streamed, plain) -> None:
     assert ("master_low16" in streamed._host) == (plain.params.flat.dtype != np.float32)
     for key, host in streamed._host.items():
         whole = {"decay_mask": plain.decay_mask, "master_low16": _low_halves(plain)}.get(key)
-        whole = getattr(plain, key).flat if whole is None else whole
+        whole = getattr(plain, key) if whole is None else whole
         assert isinstance(host, np.ndarray)  # (pinned) host memory on the GPU
         np.testing.assert_array_equal(_bits(host), _bits(whole[kept:]), key)
         np.testing.assert_array_equal(_bits(streamed._device[key]), _bits(whole[:kept]), key)
@@ -312,7 +312,7 @@ def _assert_same_steps(streamed, plain) -> None:
     arrays = streamed.state_dict()["arrays"]  # restores the whole state on the device
     assert not streamed.offloaded
     for key in ("master", "exp_avg", "exp_avg_sq"):
-        np.testing.assert_array_equal(_bits(arrays[key]), _bits(getattr(plain, key).flat), key)
+        np.testing.assert_array_equal(_bits(arrays[key]), _bits(getattr(plain, key)), key)
 
 
 @pytest.mark.parametrize("share", [1.0, 0.6])
@@ -369,7 +369,7 @@ def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuil
     opts = [AdamW(ParameterBuffer(cfg, init.astype(ml_dtypes.bfloat16)), ref, rounding_seed=seed) for _ in range(2)]
     if seed is not None:
         for opt in opts:
-            opt.master.flat[7] += 1.0  # a bf16 step away, at least: no rounding of it gives the working weight
+            opt.master[7] += 1.0  # a bf16 step away, at least: no rounding of it gives the working weight
     streamed, plain = opts
     streamed.offload(0.5)
     assert "master" in streamed._host and "master_low16" not in streamed._host
@@ -379,7 +379,7 @@ def test_offloading_keeps_an_fp32_master_where_the_working_weights_cannot_rebuil
             opt.grads.flat += g
             opt.step(1e-2)
     np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
-    np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["master"]), _bits(plain.master.flat))
+    np.testing.assert_array_equal(_bits(streamed.state_dict()["arrays"]["master"]), _bits(plain.master))
 
 
 def test_an_offload_after_a_restore_may_hold_the_master_in_the_other_form():
@@ -391,7 +391,7 @@ def test_an_offload_after_a_restore_may_hold_the_master_in_the_other_form():
     init, grads = random_problem(cfg, steps=3, seed=6)
     opts = [AdamW(ParameterBuffer(cfg, init.astype(ml_dtypes.bfloat16)), ref, rounding_seed=11) for _ in range(2)]
     for opt in opts:
-        opt.master.flat[7] += 1.0
+        opt.master[7] += 1.0
     streamed, plain = opts
     forms = []
     for g in grads:
@@ -404,7 +404,7 @@ def test_an_offload_after_a_restore_may_hold_the_master_in_the_other_form():
         streamed.state_dict()  # restores
     assert forms == [["master"], ["master_low16"], ["master_low16"]]
     np.testing.assert_array_equal(_bits(streamed.params.flat), _bits(plain.params.flat))
-    np.testing.assert_array_equal(_bits(streamed.master.flat), _bits(plain.master.flat))
+    np.testing.assert_array_equal(_bits(streamed.master), _bits(plain.master))
 
 
 def test_offload_share_must_be_a_fraction():

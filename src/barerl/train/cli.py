@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from barerl.distributed import process_group
 from barerl.train.config import GRPOConfig, SFTConfig, add_config_arguments, config_from_namespace
 
 CONFIGS = {"sft": SFTConfig, "grpo": GRPOConfig}
@@ -38,12 +39,16 @@ def run(args: argparse.Namespace) -> int:
         from barerl.train.sft import train_sft
 
         result = train_sft(cfg)
+        if not process_group().is_main:  # rank 0 reports for the job
+            return 0
         print(f"SFT done: {result.steps} steps, final loss {result.final_loss:.4f}"
               + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else ""))
     else:
         from barerl.train.grpo import train_grpo
 
         result = train_grpo(cfg)
+        if not process_group().is_main:
+            return 0
         print(f"GRPO done: {result.steps} steps, reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}")
     print(result.summary)
     print(f"checkpoint: {result.checkpoint}; metrics and curves in {result.output_dir}")

@@ -98,6 +98,19 @@ class TrainConfig:
     save_total_limit: int | None = opt(None, "Keep at most this many checkpoints, deleting the oldest.", min=1)
     resume_from_checkpoint: str | None = opt(None, "Checkpoint folder to resume from, or 'latest' for the "
                                              "newest complete checkpoint in output_dir.")
+    # Several processes (started by mpirun / mpiexec / srun, one per GPU; see barerl.distributed)
+    gradient_sum: str = opt("accumulate", "How a step's micro-batch gradients add up: accumulate (into one "
+                            "buffer, in order; N processes agree with one to rounding) or tree (each micro-batch's "
+                            "gradient alone, summed in a fixed binary tree: any power-of-two number of processes "
+                            "gives one process's bits, for up to ceil(log2 k) more fp32 gradient buffers with k "
+                            "micro-batches per process).", choices=("accumulate", "tree"))
+    zero_stage: int = opt(1, "With several processes: 1 shards the fp32 master weights and AdamW moments across "
+                          "them (ZeRO-1: gradients reduce-scattered, updated weights all-gathered); 0 keeps a whole "
+                          "copy on each (gradients all-reduced).", min=0, max=1)
+    ddp_timeout: float = opt(1800.0, "Seconds a process waits for the others at a collective before it ends the "
+                             "whole job, naming the processes that did not come (dead or hung).", gt=0.0)
+    ddp_bucket_cap_mb: float = opt(64.0, "MiB of gradients (or weights) one bucket of a collective moves to a "
+                                   "process: bounds its staging memory.", gt=0.0)
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -235,17 +248,26 @@ class GRPOConfig(TrainConfig):
 
     @property
     def effective_steps_per_generation(self) -> int:
-        if self.steps_per_generation is not None:
-            return self.steps_per_generation
-        if self.generation_batch_size is not None:
-            return max(1, self.generation_batch_size // self.per_device_train_batch_size)
-        return self.gradient_accumulation_steps
+        return self.steps_per_generation_on(1)
 
     @property
     def effective_generation_batch_size(self) -> int:
+        return self.generation_batch_size_on(1)
+
+    def steps_per_generation_on(self, num_processes: int) -> int:
+        """TRL's steps_per_generation with `num_processes` processes (per_device_train_batch_size is each
+        one's)."""
+        if self.steps_per_generation is not None:
+            return self.steps_per_generation
+        if self.generation_batch_size is not None:
+            return max(1, self.generation_batch_size // (self.per_device_train_batch_size * num_processes))
+        return self.gradient_accumulation_steps
+
+    def generation_batch_size_on(self, num_processes: int) -> int:
+        """Completions of one generation round, all `num_processes` processes together (TRL's rule)."""
         if self.generation_batch_size is not None:
             return self.generation_batch_size
-        return self.per_device_train_batch_size * self.effective_steps_per_generation
+        return self.per_device_train_batch_size * num_processes * self.steps_per_generation_on(num_processes)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ the logged rollout metrics are those of the first round (what the policy does be
 Device memory is logged per phase (`DeviceMemory`): `memory/generate_gib` at the end of generating,
 `memory/train_gib` the training phase's high-water mark, `memory/gpu_gib` the larger, and `memory/gpu_used_gib`
 the arrays in use (zeros on the CPU).
+On N processes (`barerl.distributed`) each generates and scores its share of the prompts, whole groups; the
+rollouts are gathered, so every process holds the batch one process would have and trains on its block of
+its micro-batches; normalisers and metrics are the whole batch's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from barerl.distributed import process_group
+from barerl.distributed.rollouts import gather_rollouts, generation_plan
 from barerl.model.model import Model
 from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
@@ -63,8 +68,9 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                            cfg.reward_weights)
     if not rewards:
         raise ValueError("reward_funcs: GRPO needs at least one reward function")
-    num_prompts = cfg.effective_generation_batch_size // cfg.num_generations
-    micro_per_generation = cfg.effective_steps_per_generation
+    plan = generation_plan(cfg, process_group().size)
+    num_prompts = plan.num_prompts
+    micro_per_generation = plan.steps_per_generation
     updates_per_generation = max(1, micro_per_generation // cfg.gradient_accumulation_steps) * cfg.num_iterations
     generations_per_epoch = max(1, len(rows) // num_prompts)
     total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, generations_per_epoch * updates_per_generation)
@@ -73,11 +79,11 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     data_state = run.resume()
     if data_state:
         sampler.load_state_dict(data_state["sampler"])
-    model = run.model
+    model, dp = run.model, run.data_parallel
     ref_model = _frozen_copy(model) if cfg.beta > 0 else None
     # The engine never runs more sequences at once than one generation round has completions: a KV cache
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
-    engine = {"max_num_seqs": cfg.effective_generation_batch_size,
+    engine = {"max_num_seqs": plan.local_completions,
               "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
               "device": model.device, "dtype": model.dtype.name,
               "seed": cfg.seed, **(engine_args or {})}
@@ -85,7 +91,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
         run.optimizer.offload(cfg.offload_optimizer_ratio)
     if "num_kv_blocks" not in engine and cfg.max_prompt_length is not None:
         engine_cfg = EngineConfig(**engine)
-        engine["num_kv_blocks"] = min(rollout_kv_blocks(cfg, engine_cfg.block_size),
+        engine["num_kv_blocks"] = min(rollout_kv_blocks(cfg, engine_cfg.block_size, plan.local_completions),
                                       kv_blocks_in_budget(model, engine_cfg))
     llm = LLM(model, tokenizer, **engine)
     logger = run.open_logger()
@@ -94,7 +100,10 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
         while run.step < total:
             def sample(round_index: int) -> Rollouts:
                 batch_rows = [rows[i] for i in sampler.take(num_prompts)]
-                return generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner, round_index)
+                mine = plan.prompt_share(dp.rank, dp.size)
+                local = generate_rollouts(llm, tokenizer, batch_rows[mine], cfg, run.step, runner, round_index,
+                                          first_index=mine.start)
+                return gather_rollouts(dp, local, cfg.num_generations, cfg.scale_rewards)
 
             rollouts = sample(0)
             rollout_metrics = _rollout_metrics(rollouts, cfg)
@@ -123,11 +132,12 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint, summary)
 
 
-def rollout_kv_blocks(cfg: GRPOConfig, block_size: int) -> int:
-    """The most KV blocks a generation round holds at once. A prompt's full blocks are stored once (its
-    num_generations samples share them); each sample owns the rest, from its prompt's last partial block (at
-    most block_size - 1 tokens) to the end of its completion. Prompts are at most max_prompt_length tokens."""
-    num_samples = cfg.effective_generation_batch_size
+def rollout_kv_blocks(cfg: GRPOConfig, block_size: int, num_samples: int | None = None) -> int:
+    """The most KV blocks a generation round of `num_samples` completions (default: one process's round)
+    holds at once. A prompt's full blocks are stored once (its num_generations samples share them); each sample
+    owns the rest, from its prompt's last partial block (at most block_size - 1 tokens) to the end of its
+    completion. Prompts are at most max_prompt_length tokens."""
+    num_samples = num_samples or cfg.effective_generation_batch_size
     shared = num_samples // cfg.num_generations * (cfg.max_prompt_length // block_size)
     return shared + num_samples * -(-(cfg.max_completion_length + block_size - 1) // block_size)
 
@@ -189,7 +199,7 @@ def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts,
     per_update = math.ceil(n / max(1, updates // cfg.num_iterations)) if n else 0
     chunks = [list(range(i, min(i + per_update, n))) for i in range(0, n, per_update)] if n else [[]]
     needs_old = updates > 1
-    prepared = [_prepare(model, ref_model, rollouts, chunk, cfg, needs_old) for chunk in chunks]
+    prepared = [_prepare(run, model, ref_model, rollouts, chunk, cfg, needs_old) for chunk in chunks]
     for iteration in range(cfg.num_iterations):
         for k, batches in enumerate(prepared):
             if run.step >= total:
@@ -202,10 +212,11 @@ def _train_on(run: TrainingSession, model: Model, ref_model, rollouts: Rollouts,
             yield metrics
 
 
-def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainBatch]:
+def _prepare(run, model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainBatch]:
+    """The update's micro-batches (all ranks'), with old / reference log-probs on this rank's block."""
     batches = train_batches(rollouts, indices, cfg.per_device_train_batch_size, cfg.max_tokens_per_microbatch,
                             cfg.mask_truncated_completions)
-    for tb in batches:
+    for tb in run.data_parallel.local(batches):
         if needs_old:
             tb.old_logp, _ = model.logprobs(tb.batch, cfg.sampling_filter)
         if ref_model is not None:
@@ -215,25 +226,30 @@ def _prepare(model, ref_model, rollouts, indices, cfg, needs_old) -> list[TrainB
 
 def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: GRPOConfig,
             measure_mismatch: bool, memory: DeviceMemory) -> dict:
-    xp = model.xp
+    xp, dp = model.xp, run.data_parallel
     run.optimizer.zero_grad()
     num_items = max(sum(tb.batch.num_loss_tokens for tb in batches), 1)
     num_sequences = sum(tb.batch.num_sequences for tb in batches)
     sums: dict[str, float] = {}
     # log-probs of the whole step, for the mismatch stats
     seen = {"engine": [], "trainer": [], "mask": []} if measure_mismatch else None
-    loss, entropy_sum, tokens = 0.0, 0.0, 0
-    for tb in batches:
+    results = []  # this rank's micro-batches: (loss, entropy sum, metrics, loss tokens, tokens)
+    for tb, grads in dp.micro_batch_gradients(dp.local(batches), run.optimizer.grads):
         if tb.batch.num_loss_tokens == 0:
             continue
-        part, entropy, metrics = _micro_batch(run, model, tb, cfg, num_items, num_sequences, len(batches), seen,
-                                              memory)
+        part, entropy, metrics = _micro_batch(run, model, tb, grads, cfg, num_items, num_sequences, len(batches),
+                                              seen, memory)
+        results.append((part, entropy, metrics, tb.batch.num_loss_tokens, tb.batch.num_tokens))
+    loss, entropy_sum, tokens = 0.0, 0.0, 0
+    for part, entropy, metrics, loss_tokens, num_tokens in dp.gather_in_order(results, "step metrics"):
         loss += part
         entropy_sum += entropy
-        share = tb.batch.num_loss_tokens / num_items
+        share = loss_tokens / num_items
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value) * share
-        tokens += tb.batch.num_tokens
+        tokens += num_tokens
+    if seen is not None:
+        seen = {key: dp.gather_arrays_in_order(arrays, xp) for key, arrays in seen.items()}
     if seen and seen["mask"]:  # over every completion token of the step (not averaged per micro-batch)
         step_mismatch = logprob_mismatch(*(xp.concatenate(seen[key]) for key in ("engine", "trainer", "mask")))
         sums.update({f"mismatch/{key}": value for key, value in step_mismatch.items()})
@@ -243,10 +259,10 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     return out
 
 
-def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOConfig, num_items: int,
+def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, grads, cfg: GRPOConfig, num_items: int,
                  num_sequences: int, num_micro_batches: int, seen: dict | None,
                  memory: DeviceMemory) -> tuple[float, float, dict]:
-    """One micro-batch's forward and backward into the optimizer's gradients: (loss, entropy sum, metrics).
+    """One micro-batch's forward and backward into `grads`: (loss, entropy sum, metrics).
 
     A function of its own so that what it allocates (the loss's per-token arrays and the closure holding them;
     the model frees its activations itself) is gone before the optimizer steps; `seen` keeps the log-probs
@@ -266,7 +282,7 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOCo
                 seen[key].append(array)
         return policy(logp)
 
-    loss, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, cfg.sampling_filter,
+    loss, metrics = model.forward_backward(tb.batch, loss_fn, grads, cfg.sampling_filter,
                                            checkpoint=cfg.gradient_checkpointing,
                                            keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad)
     return loss, entropy_sum, metrics

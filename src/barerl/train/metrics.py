@@ -141,6 +141,25 @@ class MetricsLogger:
         return summarize_metrics(self.metrics_path)
 
 
+class SilentLogger:
+    """The logger of a rank other than 0 in a job of several processes: rank 0 records the job's metrics."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict:
+        return metrics
+
+    def log_samples(self, step: int, prompts: list, completions: list, rewards: list, **columns: list) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def plot(self, path: str | os.PathLike | None = None) -> Path | None:
+        return None
+
+    def summary(self) -> str:
+        return ""
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Files
 

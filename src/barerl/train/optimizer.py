@@ -16,6 +16,12 @@ Design:
   learning rates is nearly all of them (a SmolLM2 GRPO run stayed flat until this; fp32 learned).
 - Arrays are NumPy or CuPy, whatever the model's buffer is; the math is `backend.grad_norm` and
   `backend.adamw_step`, so this file is the same on every device.
+- `shard` (ZeRO-1, `barerl.distributed`): the optimizer updates elements [start, stop) of the buffer only and
+  holds their master, moments and decay mask alone (flat arrays of the shard's length, as `state_dict`
+  gives them); the gradient buffer stays whole, as backward passes fill it. Stochastic rounding draws the
+  bits of the elements' indices in the whole buffer (`adamw_step`'s offset), so the shards of N ranks write
+  the weights one optimizer over the whole buffer would. The caller brings the global gradient norm (the
+  gradients outside the shard are not this optimizer's) and gathers the other shards' weights.
 - `offload(share)` (GRPO's `offload_optimizer`, `offload_optimizer_ratio`) moves the last `share` of the
   fp32 state and of the decay mask to (pinned) host memory, keeps the rest on the device, and drops the
   gradient buffer, which is all zeros between a step and the next backward, so that the engine's KV cache
@@ -61,8 +67,11 @@ class AdamW:
         weight_decay: float = 0.0,
         max_grad_norm: float | None = 1.0,
         rounding_seed: int | None = None,
+        shard: slice | None = None,
     ):
         self.params = params  # working weights: the model's buffer, rewritten by every step
+        self.shard = shard if shard is not None else slice(0, params.flat.shape[0])  # the elements it updates
+        self.working = params.flat[self.shard]  # their working weights
         self.backend = backend
         self.beta1, self.beta2 = betas
         self.eps = eps
@@ -73,10 +82,9 @@ class AdamW:
         self.rounding_seed = rounding_seed if params.flat.dtype == BFLOAT16 else None
         cfg, xp = params.cfg, backend.xp_of(params.flat)
         self.shares_master = params.flat.dtype == np.float32
-        master_flat = params.flat if self.shares_master else params.flat.astype(np.float32)
-        self.master = ParameterBuffer(cfg, master_flat)
-        self.exp_avg = ParameterBuffer.zeros(cfg, xp, np.float32)
-        self.exp_avg_sq = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self.master = self.working if self.shares_master else self.working.astype(np.float32)  # flat (shard,)
+        self.exp_avg = xp.zeros(self.working.shape[0], np.float32)
+        self.exp_avg_sq = xp.zeros(self.working.shape[0], np.float32)
         self._grads: ParameterBuffer | None = ParameterBuffer.zeros(cfg, xp, np.float32)
         self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
         self.xp = xp
@@ -86,19 +94,23 @@ class AdamW:
         self._host: dict[str, np.ndarray] = {}  # offload's host buffers (the rest), kept for the next offload
 
     @classmethod
-    def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
+    def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg, shard: slice | None = None) -> AdamW:
         """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
         stochastic_rounding with the run's seed)."""
         return cls(params, backend, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
                    weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                   rounding_seed=cfg.seed if cfg.stochastic_rounding else None)
+                   rounding_seed=cfg.seed if cfg.stochastic_rounding else None, shard=shard)
+
+    @property
+    def sharded(self) -> bool:
+        return self.working.shape[0] != self.params.flat.shape[0]
 
     def _build_decay_mask(self, xp):
-        mask = np.ones(self.master.flat.shape[0], dtype=np.uint8)
-        for name, (offset, shape) in self.master.offsets.items():
+        mask = np.ones(self.params.flat.shape[0], dtype=np.uint8)
+        for name, (offset, shape) in self.params.offsets.items():
             if is_norm_or_bias(name):
                 mask[offset : offset + math.prod(shape)] = 0
-        return xp.asarray(mask)
+        return xp.asarray(mask[self.shard])
 
     @property
     def grads(self) -> ParameterBuffer:
@@ -117,7 +129,7 @@ class AdamW:
     def _state(self) -> dict[str, object]:
         """The flat arrays an offload splits: the master (unless shared; as its low halves where the working
         weights hold the rest), the moments, the decay mask (if any)."""
-        state = {key: getattr(self, key).flat for key in self._offloadable()}
+        state = {key: getattr(self, key) for key in self._offloadable()}
         low = self._master_low_halves()
         if low is not None:
             state = {"master_low16": low} | {key: a for key, a in state.items() if key != "master"}
@@ -129,13 +141,14 @@ class AdamW:
         else None."""
         if self.shares_master or self.rounding_seed is None:
             return None
-        master, xp = self.master.flat, self.xp
+        master, xp = self.master, self.xp
         low = xp.empty(master.shape[0], np.uint16)
         for start in range(0, master.shape[0], CHECK_CHUNK):
             rows = slice(start, start + CHECK_CHUNK)
             bits = master[rows].view(np.uint32)
             low[rows] = bits.astype(np.uint16)
-            rebuilt = master_from_low16(self.params.flat[rows], low[rows], self.rounding_seed, self.step_count, start)
+            rebuilt = master_from_low16(self.working[rows], low[rows], self.rounding_seed, self.step_count,
+                                        self.shard.start + start)
             if not bool((rebuilt.view(np.uint32) == bits).all()):
                 return None
         return low
@@ -145,8 +158,8 @@ class AdamW:
         master = xp.empty(n, np.float32)
         for start in range(0, n, CHECK_CHUNK):
             rows = slice(start, start + CHECK_CHUNK)
-            master[rows] = master_from_low16(self.params.flat[rows], low[rows], self.rounding_seed, self.step_count,
-                                             start)
+            master[rows] = master_from_low16(self.working[rows], low[rows], self.rounding_seed, self.step_count,
+                                             self.shard.start + start)
         return master
 
     def offload(self, share: float = 1.0) -> None:
@@ -156,7 +169,7 @@ class AdamW:
         if not 0 < share <= 1:
             raise ValueError(f"offload: share must be in (0, 1], got {share!r}")
         if not self.offloaded:
-            n = self.params.flat.shape[0]
+            n = self.working.shape[0]
             self.kept = n - round(share * n)
             state = self._state()
             # an earlier offload's buffer of the other master form (fp32 / low halves) would be streamed too
@@ -181,12 +194,10 @@ class AdamW:
             whole = xp.empty(kept + host.shape[0], host.dtype)
             whole[:kept] = self._device[key]
             whole[kept:] = host if xp is np else xp.asarray(host)
-            if key == "decay_mask":
-                self.decay_mask = whole
-            elif key == "master_low16":
-                self.master = ParameterBuffer(self.params.cfg, self._master_from_low_halves(whole))
+            if key == "master_low16":
+                self.master = self._master_from_low_halves(whole)
             else:
-                setattr(self, key, ParameterBuffer(self.params.cfg, whole))
+                setattr(self, key, whole)
         self._device, self.kept, self.offloaded = {}, 0, False
 
     def _to_host(self, key: str, device) -> None:
@@ -198,13 +209,19 @@ class AdamW:
         else:
             device.get(out=self._host[key])
 
-    def step(self, lr: float, grad_scale: float = 1.0) -> dict:
+    def step(self, lr: float, grad_scale: float = 1.0, grad_norm: float | None = None) -> dict:
         """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
 
+        `grad_norm`: the gradients' L2 norm, if the caller has it (a sharded optimizer needs it: the
+        gradients outside its shard are not its own); None: computed here over the whole buffer.
         Returns metrics: grad_norm (of grad * grad_scale, before clipping), clipped (1.0 if clipping
         scaled the update down), skipped (1.0 if the norm was not finite and nothing was updated), lr.
         """
-        norm = self.backend.grad_norm(self.grads.flat) * abs(grad_scale)
+        if grad_norm is None:
+            if self.sharded:
+                raise ValueError("AdamW.step: a sharded optimizer needs grad_norm (of the whole gradient)")
+            grad_norm = self.backend.grad_norm(self.grads.flat)
+        norm = grad_norm * abs(grad_scale)
         metrics = {"grad_norm": norm, "clipped": 0.0, "skipped": 0.0, "lr": lr}
         if not math.isfinite(norm):
             metrics["skipped"] = 1.0
@@ -222,15 +239,15 @@ class AdamW:
         if self.offloaded:
             self._streamed_step(update)
         else:
-            self.backend.adamw_step(self.master.flat, self.grads.flat, self.exp_avg.flat, self.exp_avg_sq.flat,
-                                    self.decay_mask, working_out=None if self.shares_master else self.params.flat,
-                                    **update)
+            self.backend.adamw_step(self.master, self.grads.flat[self.shard], self.exp_avg, self.exp_avg_sq,
+                                    self.decay_mask, working_out=None if self.shares_master else self.working,
+                                    offset=self.shard.start, **update)
         return metrics
 
     def _streamed_step(self, update: dict) -> None:
         """`adamw_step` over the offloaded state: the device's part in place, the host's STREAM_CHUNK elements
         at a time (module docstring)."""
-        xp, n, kept = self.xp, self.params.flat.shape[0], self.kept
+        xp, n, kept = self.xp, self.working.shape[0], self.kept
         host, device = self._host, self._device
         state_keys = [key for key in host if key != "decay_mask"]  # what the update writes, back to the host
         copies = _PlainCopies() if xp is np else _CudaCopies(xp)
@@ -249,12 +266,14 @@ class AdamW:
         copies.finish()  # before the staging goes back to the pool and the host state is read
 
     def _update_slice(self, rows: slice, state: dict, update: dict) -> None:
-        """adamw_step on elements `rows` of the buffer, their master / moments / mask given in `state`."""
-        working = self.params.flat[rows]
+        """adamw_step on elements `rows` of the shard, their master / moments / mask given in `state`."""
+        working, offset = self.working[rows], self.shard.start + rows.start
+        grads = self.grads.flat[offset : offset + working.shape[0]]
         self.backend.adamw_step(
-            working if self.shares_master else state.get("master"), self.grads.flat[rows], state["exp_avg"],
-            state["exp_avg_sq"], state.get("decay_mask"), working_out=None if self.shares_master else working,
-            offset=rows.start, master_low16=state.get("master_low16"), **update,
+            working if self.shares_master else state.get("master"), grads, state["exp_avg"], state["exp_avg_sq"],
+            state.get("decay_mask"),
+            working_out=None if self.shares_master else working, offset=offset,
+            master_low16=state.get("master_low16"), **update,
         )
 
     def hyperparameters(self) -> dict:
@@ -262,13 +281,15 @@ class AdamW:
                 "max_grad_norm": self.max_grad_norm, "rounding_seed": self.rounding_seed}
 
     def state_dict(self) -> dict:
-        """{"step": int, "hyperparameters": dict, "arrays": {name: flat fp32 array (NumPy or CuPy)}}."""
+        """{"step": int, "hyperparameters": dict, "arrays": {name: flat fp32 array (NumPy or CuPy)}}: the
+        shard's elements (all of them, unsharded)."""
         self.restore()
-        arrays = {"master": self.master.flat, "exp_avg": self.exp_avg.flat, "exp_avg_sq": self.exp_avg_sq.flat}
+        arrays = {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         return {"step": self.step_count, "hyperparameters": self.hyperparameters(), "arrays": arrays}
 
     def load_state_dict(self, state: dict) -> None:
-        """Copy a state_dict's arrays (NumPy or CuPy) into this optimizer, then refresh the working weights.
+        """Copy a state_dict's arrays (NumPy or CuPy, over the whole buffer; a sharded optimizer takes its
+        shard) into this optimizer, then refresh the working weights of its shard.
 
         Hyperparameters are not taken from the state: the run's config decides them (a resumed run may
         change e.g. weight decay on purpose).
@@ -278,22 +299,22 @@ class AdamW:
         missing = [k for k in ARRAY_KEYS if k not in arrays]
         if missing:
             raise ValueError(f"optimizer state lacks arrays {missing}")
-        xp = self.backend.xp_of(self.master.flat)
+        xp, whole = self.xp, tuple(self.params.flat.shape)
         for key in ARRAY_KEYS:
-            target = getattr(self, key).flat
-            if tuple(arrays[key].shape) != tuple(target.shape):
+            if tuple(arrays[key].shape) != whole:
                 raise ValueError(
                     f"optimizer state {key!r} has shape {tuple(arrays[key].shape)}, this model needs "
-                    f"{tuple(target.shape)} (a checkpoint of another model?)"
+                    f"{whole} (a checkpoint of another model?)"
                 )
-            target[...] = xp.asarray(arrays[key], dtype=np.float32)
+            getattr(self, key)[...] = xp.asarray(arrays[key][self.shard], dtype=np.float32)
         self.step_count = int(state["step"])
         if self.shares_master:
             return
         if self.rounding_seed is not None and self.step_count > 0:  # the very weights the last step wrote
-            self.params.flat[...] = stochastic_round_bfloat16(self.master.flat, self.rounding_seed, self.step_count)
+            self.working[...] = stochastic_round_bfloat16(self.master, self.rounding_seed, self.step_count,
+                                                          self.shard.start)
         else:
-            self.params.flat[...] = self.master.flat.astype(self.params.flat.dtype)
+            self.working[...] = self.master.astype(self.working.dtype)
 
 
 def _host_buffer(xp, shape, dtype) -> np.ndarray:

@@ -75,8 +75,9 @@ def sampling_seed(seed: int, step: int, index: int, round_index: int = 0) -> int
 
 
 def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner,
-                      round_index: int = 0) -> Rollouts:
-    """Sample cfg.num_generations completions for each row's prompt and score them.
+                      round_index: int = 0, first_index: int = 0) -> Rollouts:
+    """Sample cfg.num_generations completions for each row's prompt and score them; `first_index`: the first
+    row's index in the whole round (its sampling seed's), where several processes share the round.
 
     Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
     in worker processes are computed while the engine is still generating the other groups."""
@@ -84,7 +85,7 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
     params = [
         SamplingParams.from_filter(cfg.sampling_filter, n=cfg.num_generations, max_tokens=cfg.max_completion_length,
-                                   logprobs=True, seed=sampling_seed(cfg.seed, step, i, round_index))
+                                   logprobs=True, seed=sampling_seed(cfg.seed, step, first_index + i, round_index))
         for i in range(len(rows))
     ]
     groups: list[dict | None] = [None] * len(rows)

@@ -4,6 +4,9 @@ checkpoints and resume.
 A `TrainingSession` owns the mutable training state. The loops own only their data flow. Resuming restores
 everything a step depends on (weights, optimizer moments, step count, data position; sampling seeds are
 derived from (seed, step)), so a resumed run takes the same next steps as one never stopped.
+Started as several processes (`mpirun`, `srun`), it holds the job's `DataParallel`: each process takes its
+GPU, its optimizer shard and its share of every step; rank 0 alone writes logs and checkpoints, which every
+rank resumes from, whatever their number.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from barerl.distributed import DataParallel, process_group
 from barerl.model.model import Model
 from barerl.tokenizer import load_tokenizer
-from barerl.train.metrics import MetricsLogger
+from barerl.train.metrics import MetricsLogger, SilentLogger
 from barerl.train.optimizer import AdamW
 from barerl.train.schedule import make_schedule
 from barerl.train.state import load_training_state, resolve_checkpoint, save_training_state
@@ -39,18 +43,22 @@ def resolve_auto_dtype(dtype: str, device: str) -> str:
 class TrainingSession:
     def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
         self.cfg = cfg
+        group = process_group()
         self.device = resolve_device(cfg.device) if model is None else model.device
         batch_invariant = getattr(cfg, "batch_invariant", None)  # GRPO's: set once, here, for the whole run
         if model is None:
             if not cfg.model:
                 raise ValueError("model: no model given (set --model PATH to a Hugging Face folder or .gguf)")
+            if self.device == "cuda" and group.size > 1:
+                group.select_gpu()
             model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_auto_dtype(cfg.dtype, self.device),
                                           batch_invariant=bool(batch_invariant))
         self.model = model if batch_invariant is None else model.with_batch_invariant(batch_invariant)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         if self.tokenizer is None:
             raise ValueError(f"model: {cfg.model} has no tokenizer (a folder needs tokenizer.json)")
-        self.optimizer = AdamW.from_config(model.params, model.backend, cfg)
+        self.data_parallel = DataParallel.from_config(group, model.params, self.device, cfg)
+        self.optimizer = AdamW.from_config(model.params, model.backend, cfg, shard=self.data_parallel.optimizer_shard)
         self.total_steps = total_steps
         self.schedule = make_schedule(cfg.lr_scheduler_type, cfg.learning_rate, total_steps, cfg.warmup_steps,
                                       cfg.warmup_ratio)
@@ -62,7 +70,8 @@ class TrainingSession:
 
     def resume(self) -> dict:
         """Load the checkpoint named by resume_from_checkpoint (if any); returns its data state."""
-        path = resolve_checkpoint(self.output_dir, self.cfg.resume_from_checkpoint)
+        path = self.data_parallel.on_main(  # one checkpoint for every rank
+            lambda: resolve_checkpoint(self.output_dir, self.cfg.resume_from_checkpoint), "resume")
         if path is None:
             return {}
         from barerl.model.checkpoint import load_checkpoint
@@ -73,7 +82,10 @@ class TrainingSession:
         self.step, self.resumed_from = state.step, path
         return state.data
 
-    def open_logger(self) -> MetricsLogger:
+    def open_logger(self) -> MetricsLogger | SilentLogger:
+        if not self.data_parallel.is_main:
+            self.logger = SilentLogger()
+            return self.logger
         self.logger = MetricsLogger(
             self.output_dir, self.total_steps, report_to=self.cfg.report_to, run_name=self.cfg.run_name,
             config=dataclasses.asdict(self.cfg), start_step=self.step, show_progress=self._show_progress,
@@ -82,7 +94,7 @@ class TrainingSession:
 
     def optimizer_step(self) -> dict:
         """Apply the accumulated gradients with this step's learning rate; the caller zeroed them."""
-        metrics = self.optimizer.step(self.schedule.lr(self.step))
+        metrics = self.data_parallel.step(self.optimizer, self.schedule.lr(self.step))
         self.step += 1
         return {"grad_norm": metrics["grad_norm"], "learning_rate": metrics["lr"],
                 "grad_clipped": metrics["clipped"], "step_skipped": metrics["skipped"]}
@@ -92,11 +104,13 @@ class TrainingSession:
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
     def save(self, data_state: dict) -> Path:
-        return save_training_state(
-            self.output_dir, self.step, self.optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
+        """Rank 0 writes the checkpoint (with the whole optimizer state); every rank gets its path."""
+        optimizer = self.data_parallel.whole_optimizer_state(self.optimizer)
+        return self.data_parallel.on_main(lambda: save_training_state(
+            self.output_dir, self.step, optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
             data_state, dataclasses.asdict(self.cfg), params=self.model.params, tokenizer=self.tokenizer,
             save_total_limit=self.cfg.save_total_limit,
-        )
+        ), "checkpoint")
 
     def finish(self) -> str:
         """Close the logger, draw the curves; returns the run's summary text."""

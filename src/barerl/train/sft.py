@@ -6,7 +6,8 @@ does not change the loss); without it, `per_device_train_batch_size` sequences. 
 negative log-likelihood over every loss token of the optimizer step (the normaliser spans all its
 micro-batches), so accumulation and packing give the same gradient as one big batch. Its gradient is
 token-local (-mask / normaliser), so the LM head runs each chunk's backward inside its forward
-(`sft_token_grad`).
+(`sft_token_grad`). On N processes a step is N * gradient_accumulation_steps micro-batches, drawn by every
+process from the same sampler; each trains on its block of them (`barerl.distributed`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from barerl.distributed import process_group
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
@@ -50,18 +52,21 @@ def _micro_batch(cfg: SFTConfig, examples: list[Example], sampler: EpochSampler)
     return PackedBatch.from_examples(chosen)
 
 
-def _mean_loss(model, batches: list[PackedBatch]) -> float:
-    total, count = 0.0, 0
-    for batch in batches:
+def _mean_loss(model, batches: list[PackedBatch], dp=None) -> float:
+    """Mean NLL per loss token; with a DataParallel `dp`, each rank takes its block of the batches."""
+    parts = []
+    for batch in batches if dp is None else dp.local(batches):
         logp, _ = model.logprobs(batch)
         mask = model.xp.asarray(batch.loss_mask)
-        total += float(-(logp * mask).sum())
-        count += batch.num_loss_tokens
-    return total / max(count, 1)
+        parts.append(float(-(logp * mask).sum()))
+    total = 0.0
+    for part in parts if dp is None else dp.gather_in_order(parts, "evaluation loss"):
+        total += part
+    return total / max(sum(b.num_loss_tokens for b in batches), 1)
 
 
-def evaluation_loss(model, examples: list[Example], max_tokens: int) -> float | None:
-    return _mean_loss(model, pack(examples, max_tokens)) if examples else None
+def evaluation_loss(model, examples: list[Example], max_tokens: int, dp=None) -> float | None:
+    return _mean_loss(model, pack(examples, max_tokens), dp) if examples else None
 
 
 def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
@@ -81,9 +86,10 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
         if eval_rows else []
 
     sampler = EpochSampler(len(examples), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
-    steps_per_epoch = _steps_per_epoch(cfg, examples)
-    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, steps_per_epoch)
+    micro_per_step = cfg.gradient_accumulation_steps * process_group().size
+    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, _steps_per_epoch(cfg, examples, micro_per_step))
     run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
+    dp = run.data_parallel
     data_state = run.resume()
     if data_state:
         sampler.load_state_dict(data_state["sampler"])
@@ -92,41 +98,44 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     eval_budget = cfg.max_tokens_per_microbatch or 8192
     while run.step < total:
         start = time.perf_counter()
-        batches = [_micro_batch(cfg, examples, sampler) for _ in range(cfg.gradient_accumulation_steps)]
+        batches = [_micro_batch(cfg, examples, sampler) for _ in range(micro_per_step)]
         normaliser = max(sum(b.num_loss_tokens for b in batches), 1)
         run.optimizer.zero_grad()
-        loss = 0.0
-        for batch in batches:
+        parts = []
+        for batch, grads in dp.micro_batch_gradients(dp.local(batches), run.optimizer.grads):
             mask = model.xp.asarray(batch.loss_mask)
             part, _ = model.forward_backward(
                 batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
-                run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
+                grads, checkpoint=cfg.gradient_checkpointing,
                 keep_ops=cfg.gradient_checkpointing_keep, token_grad=sft_token_grad(mask, normaliser),
             )
+            parts.append(part)
+        loss = 0.0
+        for part in dp.gather_in_order(parts, "loss"):
             loss += part
         metrics = run.optimizer_step()
         num_tokens = sum(b.num_tokens for b in batches)
         metrics.update(loss=loss, num_tokens=num_tokens, epoch=sampler.epoch + sampler.position / sampler.num_items,
                        tokens_per_second=num_tokens / (time.perf_counter() - start))
         if cfg.eval_steps and run.step % cfg.eval_steps == 0 and eval_examples:
-            metrics["eval_loss"] = eval_loss = evaluation_loss(model, eval_examples, eval_budget)
+            metrics["eval_loss"] = eval_loss = evaluation_loss(model, eval_examples, eval_budget, dp)
         if run.step % cfg.logging_steps == 0 or run.step == total:
             logger.log(run.step, metrics)
         if run.should_save():
             checkpoint = str(run.save({"sampler": sampler.state_dict()}))
     if eval_examples and eval_loss is None:
-        eval_loss = evaluation_loss(model, eval_examples, eval_budget)
+        eval_loss = evaluation_loss(model, eval_examples, eval_budget, dp)
         logger.log(run.step, {"eval_loss": eval_loss})
     summary = run.finish()
     return SFTResult(run.step, loss, eval_loss, str(run.output_dir), checkpoint, summary)
 
 
-def _steps_per_epoch(cfg: SFTConfig, examples: list[Example]) -> int:
+def _steps_per_epoch(cfg: SFTConfig, examples: list[Example], micro_per_step: int) -> int:
     if cfg.packing and cfg.max_tokens_per_microbatch:
         micro = len(pack(examples, cfg.max_tokens_per_microbatch))
     else:
         micro = math.ceil(len(examples) / cfg.per_device_train_batch_size)
-    return max(1, micro // cfg.gradient_accumulation_steps)
+    return max(1, micro // micro_per_step)
 
 
 def _format_of(rows: list[dict]) -> str:
