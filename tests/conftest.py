@@ -276,6 +276,11 @@ def make_chat_llm(model=None, **engine_args):
 
 
 @pytest.fixture
+def chat_tokenizer():
+    return make_chat_tokenizer()
+
+
+@pytest.fixture
 def chat_llm():
     """Factory fixture: `llm = chat_llm(**engine_args)`, a fresh LLM over the tiny random chat model."""
     return make_chat_llm
