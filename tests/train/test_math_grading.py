@@ -8,7 +8,7 @@ import pytest
 
 from barerl.train import math_grading
 from barerl.train.math_grading import answers_match, extract_answer, grade
-from barerl.train.rewards import RewardRunner, load_rewards
+from barerl.train.rewards import RewardError, RewardRunner, load_rewards
 
 # (completion, dataset answer, correct?) that both graders get right
 BOTH_RIGHT = [
@@ -93,8 +93,7 @@ def test_math_verify_runs_in_a_thread():
 
 def test_grader_setting_from_reward_config():
     pytest.importorskip("math_verify")
-    specs = [{"function": "math_accuracy", "grader": "builtin", "name": "builtin"},
-             {"function": "math_accuracy", "grader": "math_verify", "name": "math_verify"}]
+    specs = [{"function": "math_accuracy", "grader": "builtin", "name": "builtin"}, "math_verify"]
     completions = [completion for completion, _ in ONLY_MATH_VERIFY_RIGHT]
     answers = [answer for _, answer in ONLY_MATH_VERIFY_RIGHT]
     with RewardRunner(load_rewards(specs), num_workers=0) as runner:
@@ -108,6 +107,9 @@ def test_asking_for_math_verify_without_it_names_the_extra(monkeypatch):
                         lambda name, *a: None if name == "math_verify" else find_spec(name, *a))
     with pytest.raises(ValueError, match=r"pip install 'barerl\[math\]'"):
         grade(r"\boxed{1}", "1", "math_verify")
+    with RewardRunner(load_rewards(["math_verify"]), num_workers=0) as runner, pytest.raises(
+            RewardError, match=r"reward 'math_verify' raised .*pip install 'barerl\[math\]'"):
+        runner([""], [r"\boxed{1}"], {"answer": ["1"]})
     assert grade(r"\boxed{2\sqrt{2}}", r"\sqrt{8}", "auto") == 0.0  # auto falls back to the built-in grader
     with pytest.raises(ValueError, match="grader must be one of"):
         grade("1", "1", "sympy")

@@ -7,7 +7,7 @@ whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**
 
 Design decisions:
 - Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
-  (`math_accuracy`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
+  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
   arguments for the function. A `Reward` keeps the *spec*, not the loaded function, so it pickles:
   worker processes load the function themselves (spawn-safe, file-path rewards included).
 - Output checking is strict, never a silent 0: a reward that raises, returns something other than a
@@ -100,7 +100,8 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
 
 
 BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
-                   "length_penalty": length_penalty}
+                   "length_penalty": length_penalty,
+                   "math_verify": partial(math_accuracy, grader="math_verify")}  # math-verify or an error
 
 
 # ---------------------------------------------------------------------------------------------------------
