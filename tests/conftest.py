@@ -254,25 +254,29 @@ def make_chat_tokenizer():
                      add_bos_token=False, add_eos_token=False)
 
 
-def make_chat_model(seed=0):
-    """A random Qwen3-shaped model over make_chat_tokenizer's vocabulary; <|im_end|> ends a reply."""
+def make_chat_model(seed=0, device="cpu", dtype="float32"):
+    """A random Qwen3-shaped model over make_chat_tokenizer's vocabulary; <|im_end|> ends a reply. head_dim
+    64, so that on the GPU it runs the attention kernels."""
     from barerl.config import ModelConfig
     from barerl.model.model import Model
 
     cfg = ModelConfig.from_dict({
         "architectures": ["Qwen3ForCausalLM"], "vocab_size": len(CHAT_SPECIAL_TOKENS) + len(CHAT_CHARS),
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 16, "tie_word_embeddings": True, "max_position_embeddings": 1024,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 64, "tie_word_embeddings": True, "max_position_embeddings": 1024,
         "eos_token_id": CHAT_SPECIAL_TOKENS.index("<|im_end|>"),
     })
-    return Model.random(cfg, seed=seed)
+    return Model.random(cfg, device=device, dtype=dtype, seed=seed)
 
 
 def make_chat_llm(model=None, **engine_args):
+    """An LLM over `model` (default: a new make_chat_model on engine_args' device and dtype)."""
     from barerl.engine.llm import LLM
 
     engine = {"max_model_len": 512, "num_kv_blocks": 512, "block_size": 16, **engine_args}
-    return LLM(model if model is not None else make_chat_model(), make_chat_tokenizer(), **engine)
+    if model is None:
+        model = make_chat_model(device=engine.get("device", "cpu"), dtype=engine.get("dtype", "float32"))
+    return LLM(model, make_chat_tokenizer(), **engine)
 
 
 @pytest.fixture

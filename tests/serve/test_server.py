@@ -193,3 +193,56 @@ def test_a_failed_engine_step_fails_its_requests_not_the_server(chat_llm, openai
             client.completions.create(model=MODEL, prompt="first", max_tokens=4)
         stream = client.completions.create(model=MODEL, prompt="second", max_tokens=4, stream=True)
         assert sum(len(chunk.choices[0].text) for chunk in stream if chunk.choices) >= 1
+
+
+def test_serve_command_end_to_end(tmp_path, chat_llm, chat_tokenizer):
+    """`barerl serve` in a process of its own: it loads the folder, listens, and answers the client."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from barerl.model.checkpoint import save_checkpoint
+
+    model = chat_llm().model
+    save_checkpoint(tmp_path / "model", model.cfg, model.params, tokenizer=chat_tokenizer)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "barerl.cli", "serve", "--model", str(tmp_path / "model"),
+               "--served-model-name", MODEL, "--port", str(port), "--max-model-len", "256",
+               "--num-kv-blocks", "64", "--log-level", "warning"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "barerl serve did not start"
+                time.sleep(0.2)
+        response = client_for(url + "/v1").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+        assert response.choices[0].finish_reason in ("length", "stop") and response.usage.completion_tokens >= 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.gpu
+def test_completions_equal_generate_on_the_gpu(chat_llm, openai_server):
+    """The server over the GPU engine (bf16, batch-invariant kernels, CUDA graphs) answers as LLM.generate
+    does: the engine thread launches on the GPU as the main thread did."""
+    llm = chat_llm(device="cuda", dtype="bfloat16", batch_invariant=True)
+    assert llm.model.device == "cuda"
+    params = SamplingParams(temperature=1.0, max_tokens=32, n=4, seed=9, logprobs=True)
+    expected = [llm.generate([p], params, use_tqdm=False)[0].outputs for p in PROMPTS]
+    with openai_server(llm) as url:
+        client = client_for(url)
+        for prompt, outputs in zip(PROMPTS, expected):
+            response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, n=4, seed=9,
+                                                 logprobs=0)
+            assert_same_samples(response.choices, outputs)

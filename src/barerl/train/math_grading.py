@@ -6,10 +6,11 @@ Two graders behind one call, `grade(completion, reference, grader)`:
   intervals, sets, equations, units, percentages). Its timeouts use `signal.alarm`, which works only in a
   process's main thread, so in other threads (a `RewardRunner` with `num_workers=0`) it runs without them.
 - "builtin": a small hand-written grader with no dependencies: the last `\\boxed{}` (else an `Answer:` line,
-  a GSM8K `####` or the last number), normalised, compared numerically when both sides are numbers and
-  as strings otherwise. It stays the fallback so that the core install grades math without SymPy.
+  a GSM8K `####`, or the last math span or number), normalised, compared numerically when both sides are
+  numbers, item by item for tuples and intervals, and as strings otherwise. It stays the fallback so that the core install grades math without SymPy.
 - "auto" (the default): math-verify when it is importable, else the built-in grader. Asking for
-  "math_verify" without the package is an error naming the extra, never a silent fallback.
+  "math_verify" (`math_accuracy`'s `grader` argument, or the built-in reward `math_verify`) without the
+  package is an error naming the extra, never a silent fallback.
 
 A reference is a dataset's `answer` (the whole value, or its `\\boxed{}` / `####` part) or a worked
 `solution` (its final answer is extracted as from a completion). A reference that yields no answer grades
