@@ -219,3 +219,112 @@ def _write_gguf_tokenizer(w, tok):
 def tiny_gguf():
     """Factory fixture: `weights = tiny_gguf(tmp_path / "m.gguf", "qwen3", quant=...)` (see write_tiny_gguf)."""
     return write_tiny_gguf
+
+# ---------------------------------------------------------------------------------------------------------
+# A tiny random chat model: a character-level tokenizer (printable ASCII, ChatML special tokens) whose chat
+# template writes tools and tool calls as Qwen's does, and the OpenAI-compatible server over an LLM on a free
+# loopback port, in a thread (server and evaluation tests).
+
+CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+CHATML_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_chat_tokenizer():
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    from barerl.tokenizer import Tokenizer
+
+    vocab = {token: i for i, token in enumerate(CHAT_SPECIAL_TOKENS + CHAT_CHARS)}
+    backend = Backend(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    backend.add_special_tokens(list(CHAT_SPECIAL_TOKENS))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    return Tokenizer(backend, special, chat_template=CHATML_TEMPLATE, source="tests: chat tokenizer",
+                     add_bos_token=False, add_eos_token=False)
+
+
+def make_chat_model(seed=0, device="cpu", dtype="float32"):
+    """A random Qwen3-shaped model over make_chat_tokenizer's vocabulary; <|im_end|> ends a reply. head_dim
+    64, so that on the GPU it runs the attention kernels."""
+    from barerl.config import ModelConfig
+    from barerl.model.model import Model
+
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": len(CHAT_SPECIAL_TOKENS) + len(CHAT_CHARS),
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 64, "tie_word_embeddings": True, "max_position_embeddings": 1024,
+        "eos_token_id": CHAT_SPECIAL_TOKENS.index("<|im_end|>"),
+    })
+    return Model.random(cfg, device=device, dtype=dtype, seed=seed)
+
+
+def make_chat_llm(model=None, **engine_args):
+    """An LLM over `model` (default: a new make_chat_model on engine_args' device and dtype)."""
+    from barerl.engine.llm import LLM
+
+    engine = {"max_model_len": 512, "num_kv_blocks": 512, "block_size": 16, **engine_args}
+    if model is None:
+        model = make_chat_model(device=engine.get("device", "cpu"), dtype=engine.get("dtype", "float32"))
+    return LLM(model, make_chat_tokenizer(), **engine)
+
+
+@pytest.fixture
+def chat_tokenizer():
+    return make_chat_tokenizer()
+
+
+@pytest.fixture
+def chat_llm():
+    """Factory fixture: `llm = chat_llm(**engine_args)`, a fresh LLM over the tiny random chat model."""
+    return make_chat_llm
+
+
+def _serve_in_thread(llm, name="tiny-chat", api_key=None):
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from barerl.serve.app import build_app
+
+    @contextlib.contextmanager
+    def serving():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(build_app(llm, name, api_key), log_level="warning"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+            sock.close()
+
+    return serving()
+
+
+@pytest.fixture
+def openai_server():
+    """Factory fixture: `with openai_server(llm, name="tiny-chat", api_key=None) as base_url:` serves llm on a
+    free 127.0.0.1 port for the block (skips without the serve extra)."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    return _serve_in_thread

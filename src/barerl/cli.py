@@ -17,8 +17,9 @@ COMMANDS = {
     "demo": ("barerl.train.demo", "the whole loop on a built-in task: tiny model, SFT, then GRPO (no downloads)"),
     "sft": ("barerl.train.cli", "supervised fine-tuning on a chat / prompt-completion / text dataset"),
     "grpo": ("barerl.train.cli", "GRPO reinforcement learning with Python reward functions"),
-    "eval": ("barerl.train.cli", "accuracy of a checkpoint on a task, generating with the engine"),
+    "eval": ("barerl.train.cli", "pass@k and mean rewards of a model on a task, in-process or over the OpenAI API"),
     "generate": ("barerl.engine.cli_generate", "generate completions with the inference engine"),
+    "serve": ("barerl.serve.cli", "an OpenAI-compatible server for a model (needs barerl[serve])"),
     "info": ("barerl.info", "describe a model folder or GGUF file: architecture, size, tokenizer"),
 }
 

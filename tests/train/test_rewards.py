@@ -6,12 +6,10 @@ import time
 import numpy as np
 import pytest
 
+from barerl.train.math_grading import answers_match, extract_answer, extract_boxed
 from barerl.train.rewards import (
     RewardError,
     RewardRunner,
-    answers_match,
-    extract_answer,
-    extract_boxed,
     format_tags,
     length_penalty,
     load_reward_function,

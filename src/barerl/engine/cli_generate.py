@@ -20,7 +20,7 @@ _SKIP_SAMPLING = {"stop_strings"}
 _SKIP_ENGINE = {"seed"}  # --seed is the sampling seed; unseeded requests use the engine default
 
 
-def _add_dataclass_flags(group, cls, skip: set[str]) -> None:
+def add_dataclass_flags(group, cls, skip: set[str]) -> None:
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
@@ -35,7 +35,7 @@ def _add_dataclass_flags(group, cls, skip: set[str]) -> None:
             group.add_argument(flag, type=scalar, default=None, help=f"default {f.default!r}")
 
 
-def _given(args, cls, skip: set[str]) -> dict:
+def given_fields(args, cls, skip: set[str]) -> dict:
     names = {f.name for f in dataclasses.fields(cls) if f.init} - skip
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "messages")
     parser.add_argument("--chat", action="store_true", help="apply the chat template to text prompts")
     parser.add_argument("--output", help="write one JSON object per prompt to this JSONL file")
-    _add_dataclass_flags(parser.add_argument_group("sampling"), SamplingParams, _SKIP_SAMPLING)
-    _add_dataclass_flags(parser.add_argument_group("engine"), EngineConfig, _SKIP_ENGINE)
+    add_dataclass_flags(parser.add_argument_group("sampling"), SamplingParams, _SKIP_SAMPLING)
+    add_dataclass_flags(parser.add_argument_group("engine"), EngineConfig, _SKIP_ENGINE)
 
 
 def _read_prompts(args) -> list:
@@ -86,9 +86,9 @@ def _to_engine_prompt(llm, item, chat: bool):
 def run(args) -> int:
     from barerl.engine.llm import LLM
 
-    params = SamplingParams(**_given(args, SamplingParams, _SKIP_SAMPLING))
+    params = SamplingParams(**given_fields(args, SamplingParams, _SKIP_SAMPLING))
     items = _read_prompts(args)
-    llm = LLM(args.model, **_given(args, EngineConfig, _SKIP_ENGINE))
+    llm = LLM(args.model, **given_fields(args, EngineConfig, _SKIP_ENGINE))
     outputs = llm.generate([_to_engine_prompt(llm, item, args.chat) for item in items], params)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -31,7 +31,7 @@ from barerl.engine.model_runner import ModelRunner
 from barerl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from barerl.engine.sampling_params import SamplingParams
 from barerl.engine.scheduler import Scheduler
-from barerl.engine.sequence import Request, Sequence
+from barerl.engine.sequence import Request, Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from barerl.model.model import Model
@@ -130,6 +130,25 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
+
+    def abort(self, request: Request) -> None:
+        """Finish a request's sequences now (a client that went away), freeing their blocks; tokens of a step
+        already launched for them are dropped when it is recorded."""
+        for seq in request.sequences:
+            if seq.status is SequenceStatus.RUNNING:
+                self.scheduler.finish(seq, "abort")
+            elif seq.status is SequenceStatus.WAITING:
+                self.scheduler.waiting.remove(seq)
+
+    def clear(self) -> None:
+        """Nothing running, nothing in flight (a launch that failed with its step is dropped), an empty prefix
+        cache."""
+        try:
+            self.drain()
+        except Exception:  # noqa: BLE001 -- the failure was reported with its step
+            self._in_flight = None
+        self.scheduler.abort_all()
+        self.block_manager.reset_prefix_cache()
 
     # ---------------------------------------------------------------------------------------------- the loop
 

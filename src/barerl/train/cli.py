@@ -1,10 +1,12 @@
-"""`barerl sft`, `barerl grpo` and `barerl eval`: configs from a YAML/TOML file and `--key value` flags
-named by the config's own fields (every field, with its help and default, is in `--help`)."""
+"""`barerl sft`, `barerl grpo` and `barerl eval`: configs (`SFTConfig`, `GRPOConfig`, `EvalConfig`) from a
+YAML/TOML file and `--key value` flags named by the config's own fields (every field, with its help and
+default, is in `--help`)."""
 
 from __future__ import annotations
 
 import argparse
 
+from barerl.config import ConfigError
 from barerl.distributed import process_group
 from barerl.train.config import GRPOConfig, SFTConfig, add_config_arguments, config_from_namespace
 
@@ -18,15 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                             help="continue from the newest complete checkpoint in output_dir "
                                  "(same as --resume_from_checkpoint latest)")
         return
-    parser.add_argument("--model", required=True, help="model folder or .gguf file")
-    parser.add_argument("--dataset", required=True, help="JSONL / Parquet / JSON file with a 'prompt' column")
-    parser.add_argument("--reward", action="append", required=True,
-                        help="reward function: a built-in name, module:function or file.py:function (repeatable)")
-    parser.add_argument("--max_tokens", type=int, default=256, help="tokens generated per prompt (default 256)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    from barerl.train.evaluate import EvalConfig
+
+    add_config_arguments(parser, EvalConfig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,15 +52,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from barerl.engine.llm import LLM
     from barerl.train.data import load_dataset
-    from barerl.train.evaluate import evaluate
-    from barerl.train.rewards import load_rewards
+    from barerl.train.evaluate import EngineSampler, EvalConfig, OpenAISampler, evaluate, write_samples
+
+    cfg = config_from_namespace(EvalConfig, args)
+    if (cfg.model is None) == (cfg.base_url is None):
+        raise ConfigError("eval: give --model (generate in this process) or --base_url (ask a server), one of them")
+    if cfg.dataset is None or not cfg.reward_funcs:
+        raise ConfigError("eval: --dataset and --reward_funcs are needed")
+    rows = load_dataset(cfg.dataset, task="grpo").rows[: cfg.limit]
+    if cfg.base_url is not None:
+        sampler = OpenAISampler(cfg.base_url, cfg.served_model_name, cfg.api_key)
+    else:
+        sampler = EngineSampler(_load_engine(cfg))
+    result = evaluate(sampler, rows, list(cfg.reward_funcs), cfg)
+    passes = ", ".join(f"pass@{k} {v:.1%}" for k, v in result.pass_at_k.items())
+    print(f"accuracy {result.accuracy:.1%} on {result.num_prompts} prompts x {result.n} samples ({passes})")
+    means = ", ".join(f"{name} {value:.3f}" for name, value in result.rewards.items())
+    print(f"mean reward {result.reward:.3f} ({means})")
+    if cfg.output:
+        write_samples(cfg.output, result)
+        print(f"samples: {cfg.output}")
+    return 0
+
+
+def _load_engine(cfg):
+    from barerl.engine.llm import LLM
     from barerl.train.session import resolve_auto_dtype, resolve_device
 
-    device = resolve_device(args.device)
-    rows = load_dataset(args.dataset, task="grpo").rows[: args.limit]
-    llm = LLM(args.model, device=device, dtype=resolve_auto_dtype(args.dtype, device))
-    result = evaluate(llm, rows, load_rewards(args.reward), args.max_tokens, args.temperature)
-    print(f"accuracy {result['accuracy']:.1%} (mean reward {result['reward']:.3f}) on {result['num_prompts']} prompts")
-    return 0
+    device = resolve_device(cfg.device)
+    return LLM(cfg.model, device=device, dtype=resolve_auto_dtype(cfg.dtype, device))

@@ -113,11 +113,7 @@ class TrainConfig:
                                    "process: bounds its staging memory.", gt=0.0)
 
     def __post_init__(self):
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = coerce(f.name, getattr(self, f.name), hints[f.name])
-            _check(f, value)
-            object.__setattr__(self, f.name, value)
+        check_fields(self)
         if self.resume_from_checkpoint is not None and self.resume_from_checkpoint.lower() in ("true", "false"):
             latest = self.resume_from_checkpoint.lower() == "true"
             object.__setattr__(self, "resume_from_checkpoint", "latest" if latest else None)
@@ -340,6 +336,16 @@ def _to_str(v) -> str:
 _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
+def check_fields(config) -> None:
+    """Convert every field of a frozen config dataclass to its declared type and check its choices and
+    bounds (a config's `__post_init__`)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = coerce(f.name, getattr(config, f.name), hints[f.name])
+        _check(f, value)
+        object.__setattr__(config, f.name, value)
+
+
 def _check(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     for v in value if isinstance(value, tuple) else (value,):
@@ -445,7 +451,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                         help="YAML or TOML file of keys; --key flags override it.")
     common = parser.add_argument_group("training options")
     own = parser.add_argument_group(f"{cls.__name__} options")
-    shared = {f.name for f in dataclasses.fields(TrainConfig)}
+    shared = {f.name for f in dataclasses.fields(TrainConfig)} if issubclass(cls, TrainConfig) else set()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, meta = hints[f.name], f.metadata

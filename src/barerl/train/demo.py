@@ -86,9 +86,9 @@ def exact_answer(prompts, completions, answer, **_) -> list[float]:
 
 
 def accuracy(llm, rows: list[dict]) -> float:
-    from barerl.train.evaluate import evaluate
+    from barerl.train.evaluate import EvalConfig, evaluate
 
-    return evaluate(llm, rows, [exact_answer], max_tokens=4)["accuracy"]
+    return evaluate(llm, rows, [exact_answer], EvalConfig(max_tokens=4)).accuracy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**
 
 Design decisions:
 - Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
-  (`math_accuracy`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
+  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
   arguments for the function. A `Reward` keeps the *spec*, not the loaded function, so it pickles:
   worker processes load the function themselves (spawn-safe, file-path rewards included).
 - Output checking is strict, never a silent 0: a reward that raises, returns something other than a
@@ -41,13 +41,15 @@ from pathlib import Path
 
 import numpy as np
 
+from barerl.train.math_grading import grade
+
 
 class RewardError(Exception):
     """A reward function could not be loaded, raised, timed out, or returned something unusable."""
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Answer extraction and comparison (math_accuracy)
+# Completions
 
 
 def completion_text(completion) -> str:
@@ -60,111 +62,20 @@ def completion_text(completion) -> str:
                     f"got {type(completion).__name__}")
 
 
-def extract_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces included; None if absent."""
-    boxed, fbox = text.rfind("\\boxed"), text.rfind("\\fbox")
-    if max(boxed, fbox) < 0:
-        return None
-    rest = text[boxed + len("\\boxed"):] if boxed > fbox else text[fbox + len("\\fbox"):]
-    rest = rest.lstrip()
-    if not rest.startswith("{"):  # "\boxed 5": up to the next space or $
-        match = re.match(r"([^\s$]+)", rest)
-        return match.group(1) if match else None
-    depth = 0
-    for j, ch in enumerate(rest):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if depth == 0:
-            return rest[1:j]
-    return None  # unbalanced braces
-
-
-_NUMBER = r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?"
-
-
-def extract_answer(text: str) -> str | None:
-    """The final answer in a model's text: last \\boxed{}, else last `Answer:` line, else text after the
-    last `####` (GSM8K), else the last number. None when there is none of these."""
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    for pattern in (r"answer\s*:\s*(.+)", r"####\s*(.+)"):
-        found = re.findall(pattern, text, flags=re.IGNORECASE)
-        if found:
-            return found[-1].strip().rstrip(".")
-    numbers_found = re.findall(_NUMBER, text)
-    return numbers_found[-1] if numbers_found else None
-
-
-def reference_answer(value) -> str | None:
-    """A dataset's gold answer: its \\boxed{} or `####` part when it has one, else the whole value."""
-    if value is None:
-        return None
-    text = str(value)
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    return text.rsplit("####", 1)[-1].strip() if "####" in text else text.strip()
-
-
-def normalize_answer(answer: str) -> str:
-    """Canonical form for string comparison: no $, spacing commands, spaces, thousands commas, \\text."""
-    s = answer.strip()
-    for token in ("$", "\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "^\\circ", "^{\\circ}", "\\%", "%"):
-        s = s.replace(token, "")
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
-    s = re.sub(r"\s+", "", s).rstrip(".")
-    while re.search(r"\d,\d{3}(?!\d)", s):  # 1,234,567 -> 1234567 (not "1,2" lists)
-        s = re.sub(r"(\d),(\d{3})(?!\d)", r"\1\2", s)
-    s = re.sub(r"^[a-zA-Z]=", "", s)  # "x=5" -> "5"
-    while s.startswith("{") and s.endswith("}") and extract_boxed("\\boxed" + s) == s[1:-1]:
-        s = s[1:-1]
-    return s.lower()
-
-
-def parse_number(answer: str) -> float | None:
-    """A normalised answer's numeric value: integers, decimals, a/b, \\frac{a}{b}, \\frac ab; else None."""
-    s = normalize_answer(answer)
-    sign = -1.0 if s.startswith("-") else 1.0
-    s = s.lstrip("-")
-    frac = re.fullmatch(r"\\frac\{?(\d+(?:\.\d+)?)\}?\{?(\d+(?:\.\d+)?)\}?", s) or re.fullmatch(
-        r"(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)", s
-    )
-    try:
-        if frac:
-            return sign * float(frac.group(1)) / float(frac.group(2))
-        return sign * float(s) if re.fullmatch(r"\d+(?:\.\d*)?(?:e[+-]?\d+)?", s) else None
-    except ZeroDivisionError:
-        return None
-
-
-def answers_match(predicted: str | None, reference: str | None, rel_tol: float = 1e-6) -> bool:
-    """Numeric equivalence (relative tolerance) when both parse as numbers, else normalised equality."""
-    if predicted is None or reference is None:
-        return False
-    a, b = parse_number(predicted), parse_number(reference)
-    if a is not None and b is not None:
-        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-9)
-    return normalize_answer(predicted) == normalize_answer(reference)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Built-in rewards
 
 
-def math_accuracy(prompts, completions, answer=None, solution=None, **_) -> list[float | None]:
+def math_accuracy(prompts, completions, answer=None, solution=None, grader: str = "auto",
+                  **_) -> list[float | None]:
     """1.0 when the completion's final answer equals the dataset's `answer` (or `solution`), else 0.0;
-    None for rows without a usable reference."""
+    None for rows without a usable reference. grader: "math_verify" (Hugging Face's math-verify, the
+    `barerl[math]` extra), "builtin", or "auto": math-verify when installed (see `math_grading`)."""
     if answer is None and solution is None:
         raise ValueError("math_accuracy needs a dataset column 'answer' or 'solution'")
-    if answer is not None:
-        refs = [reference_answer(a) for a in answer]
-    else:
-        refs = [extract_answer(str(s)) for s in solution]
-    return [
-        None if ref is None else float(answers_match(extract_answer(completion_text(c)), ref))
-        for c, ref in zip(completions, refs)
-    ]
+    references = answer if answer is not None else solution
+    return [grade(completion_text(c), ref, grader, is_solution=answer is None)
+            for c, ref in zip(completions, references)]
 
 
 DEFAULT_FORMAT = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
@@ -189,7 +100,8 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
 
 
 BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
-                   "length_penalty": length_penalty}
+                   "length_penalty": length_penalty,
+                   "math_verify": partial(math_accuracy, grader="math_verify")}  # math-verify or an error
 
 
 # ---------------------------------------------------------------------------------------------------------
