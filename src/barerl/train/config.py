@@ -99,11 +99,7 @@ class TrainConfig:
                                              "newest complete checkpoint in output_dir.")
 
     def __post_init__(self):
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = coerce(f.name, getattr(self, f.name), hints[f.name])
-            _check(f, value)
-            object.__setattr__(self, f.name, value)
+        coerce_fields(self)
         if self.resume_from_checkpoint is not None and self.resume_from_checkpoint.lower() in ("true", "false"):
             latest = self.resume_from_checkpoint.lower() == "true"
             object.__setattr__(self, "resume_from_checkpoint", "latest" if latest else None)
@@ -304,6 +300,16 @@ def _to_str(v) -> str:
 
 
 _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def coerce_fields(config) -> None:
+    """Convert every field of a frozen config dataclass built with `opt` to its declared type, in place, and
+    check its choices and bounds (ConfigError naming the field otherwise)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = coerce(f.name, getattr(config, f.name), hints[f.name])
+        _check(f, value)
+        object.__setattr__(config, f.name, value)
 
 
 def _check(f: dataclasses.Field, value: Any) -> None:
