@@ -7,9 +7,10 @@ whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**
 
 Design decisions:
 - Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
-  (`math_accuracy`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
-  arguments for the function. A `Reward` keeps the *spec*, not the loaded function, so it pickles:
-  worker processes load the function themselves (spawn-safe, file-path rewards included).
+  (`math_accuracy`, `format_tags`, `length_penalty`, and `code_tests` from code_reward.py); a dict form adds
+  `weight`, `name` and keyword arguments for the function. A `Reward` keeps the *spec*, not the loaded
+  function, so it pickles: worker processes load the function themselves (spawn-safe, file-path rewards
+  included).
 - Output checking is strict, never a silent 0: a reward that raises, returns something other than a
   list of numbers/None, or the wrong number of values raises `RewardError` naming the reward.
 - `None` (or NaN) means "not applicable to this sample", as in TRL: the weighted sum over reward
@@ -37,6 +38,7 @@ from multiprocessing.pool import ThreadPool
 
 import numpy as np
 
+from barerl.train.code_reward import code_tests
 from barerl.train.specs import load_object
 
 
@@ -187,7 +189,7 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
 
 
 BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
-                   "length_penalty": length_penalty}
+                   "length_penalty": length_penalty, "code_tests": code_tests}
 
 
 # ---------------------------------------------------------------------------------------------------------
