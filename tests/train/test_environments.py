@@ -162,3 +162,47 @@ def test_config_errors_are_clear():
         load_environment_factory(EnvironmentConfig())
     with pytest.raises(EnvironmentSetupError, match="has no class 'Nope'"):
         load_environment_factory(EnvironmentConfig(environment_factory="barerl.train.environments:Nope"))
+
+
+def test_episodes_interleave_while_tools_run(tmp_path):
+    """The rollout loop's pattern: submit a turn's step, keep going with the other episodes, poll; the
+    episode's ids are its prompt, its sampled ids and the observation ids, in order."""
+    from conftest import make_chat_tokenizer
+
+    from barerl.tokenizer import Tokenizer
+    from barerl.train.chat_turns import observation_token_ids, prompt_token_ids
+
+    tok = Tokenizer.from_pretrained(make_chat_tokenizer(tmp_path, "llama3"))
+    factory = load_environment_factory(EnvironmentConfig(tools=("tests.train.test_environments:nap",)))
+    scripts = {0: [_call("nap", seconds=0.5), "Slept."], 1: ["No tool needed."], 2: [_call("nap", seconds=0), "Ok."]}
+    episodes = {}
+    for key in scripts:
+        env = factory()
+        messages = env.reset({"prompt": f"Episode {key}."})
+        episodes[key] = {"env": env, "history": messages, "ids": prompt_token_ids(tok, messages, env.tools),
+                         "turn": 0, "done": False}
+    with WorkerPool(4) as steps:
+        order = []
+        while not all(e["done"] for e in episodes.values()):
+            for key, episode in episodes.items():  # "decode" one turn of every episode not waiting
+                if episode["done"] or episode.get("waiting"):
+                    continue
+                text = scripts[key][episode["turn"]]
+                sampled = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+                episode.update(ids=episode["ids"] + sampled, sampled=sampled, turn=episode["turn"] + 1, waiting=True)
+                episode["history"].append({"role": "assistant", "content": text})
+                steps.submit(episode["env"].step, text, key=key, timeout=5)
+            for job in steps.wait(timeout=1):
+                episode, observation = episodes[job.key], finished_step(job)
+                order.append(job.key)
+                episode["waiting"] = False
+                if observation.done:
+                    episode["done"] = True
+                    continue
+                episode["ids"] += observation_token_ids(tok, episode["history"], observation.messages,
+                                                        turn_ids=episode["sampled"], tools=episode["env"].tools)
+                episode["history"] += observation.messages
+    assert order.index(0) > order.index(1)  # episode 0's slow tool did not hold the others back
+    for episode in episodes.values():
+        expected = tok.apply_chat_template(episode["history"], tools=episode["env"].tools)
+        assert episode["ids"] == expected
