@@ -2,10 +2,12 @@
 included) and ends on a turn without one, failed steps end their episode instead of the run, specs load
 from files, and the config refuses what it cannot do."""
 
+import textwrap
 import time
 
 import pytest
 
+from barerl.train import environments
 from barerl.train.config import ConfigError
 from barerl.train.environments import (
     Environment,
@@ -41,25 +43,12 @@ def nap(seconds: float) -> str:
     return "rested"
 
 
-GUESS = '''
-from barerl.train.environments import Environment, Observation
-
-class GuessTheNumber(Environment):
-    def reset(self, row):
-        self.secret, self.guesses = int(row["secret"]), 0
-        return [{"role": "user", "content": "Guess my number (1-100). Reply with a number only."}]
-
-    def step(self, text):
-        self.guesses += 1
-        try:
-            guess = int(text.strip())
-        except ValueError:
-            return Observation([{"role": "user", "content": "A number only, please."}])
-        if guess == self.secret:
-            return Observation(done=True, reward=1.0 / self.guesses)
-        hint = "higher" if guess < self.secret else "lower"
-        return Observation([{"role": "user", "content": f"No: {hint}."}])
-'''
+def _documented_example() -> str:
+    """The worked example of environments.py's docstring (the same text as docs/ENVIRONMENTS.md's)."""
+    doc = environments.__doc__
+    start = doc.index("    from barerl.train.environments import")
+    end = doc.index("Named in YAML")
+    return textwrap.dedent(doc[start:end])
 
 
 def _call(name, **arguments):
@@ -76,7 +65,7 @@ def pool():
 
 def test_documented_example_plays_an_episode(tmp_path):
     path = tmp_path / "guess.py"
-    path.write_text(GUESS)
+    path.write_text(_documented_example())
     factory = load_environment_factory(EnvironmentConfig(environment_factory=f"{path}:GuessTheNumber"))
     env = factory()
     assert env.reset({"secret": 42})[0]["role"] == "user"
