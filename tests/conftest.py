@@ -236,7 +236,7 @@ CHAT_STYLES = {  # style -> (special tokens, other added tokens, bos, eos)
 }
 
 
-def make_chat_tokenizer(folder, style):
+def write_chat_tokenizer(folder, style):
     """Write a tiny `style` ("qwen3" or "llama3") chat tokenizer into `folder`; returns the folder."""
     import json
 
@@ -259,6 +259,12 @@ def make_chat_tokenizer(folder, style):
               "chat_template": (CHAT_TEMPLATES / f"{style}_style.jinja").read_text()}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+@pytest.fixture
+def chat_tokenizer():
+    """Factory fixture: `folder = chat_tokenizer(tmp_path / "tok", "qwen3")` (see write_chat_tokenizer)."""
+    return write_chat_tokenizer
 
 
 @pytest.fixture(params=sorted(CHAT_STYLES))

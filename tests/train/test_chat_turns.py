@@ -6,7 +6,6 @@ turns, and templates that cannot be continued are refused."""
 import json
 
 import pytest
-from conftest import make_chat_tokenizer
 
 from barerl.tokenizer import Tokenizer, load_tokenizer
 from barerl.train.chat_turns import TemplatePrefixError, observation_token_ids, prompt_token_ids
@@ -23,8 +22,8 @@ def _call(a, b):
 
 
 @pytest.fixture
-def tokenizers(tmp_path, chat_style):
-    folder = make_chat_tokenizer(tmp_path / chat_style, chat_style)
+def tokenizers(tmp_path, chat_style, chat_tokenizer):
+    folder = chat_tokenizer(tmp_path / chat_style, chat_style)
     return Tokenizer.from_pretrained(folder), transformers.AutoTokenizer.from_pretrained(folder)
 
 
@@ -62,11 +61,11 @@ def test_tool_episode_is_the_templates_rendering(tokenizers, chat_style):
     assert ids == _oracle(hf, history, tools=TOOLS)
 
 
-def test_qwen3_rewrites_of_earlier_turns_do_not_reach_the_observation(tmp_path):
+def test_qwen3_rewrites_of_earlier_turns_do_not_reach_the_observation(tmp_path, chat_tokenizer):
     """Qwen3's template renders the final assistant turn with an (empty) think block and earlier ones
     without, and drops think blocks before the last user message: re-rendered histories are not prefixes.
     The observation is still the template's text after the turn, and the model's tokens stay as sampled."""
-    tok = Tokenizer.from_pretrained(make_chat_tokenizer(tmp_path, "qwen3"))
+    tok = Tokenizer.from_pretrained(chat_tokenizer(tmp_path, "qwen3"))
     history = [{"role": "user", "content": "What is 1+2?"}, {"role": "assistant", "content": _call(1, 2)}]
     tool = [{"role": "tool", "content": "3"}]
     alone = tok.apply_chat_template(history, tokenize=False, enable_thinking=False)
@@ -110,15 +109,15 @@ DROPS_EARLIER_ASSISTANT_TURNS = (
 
 @pytest.mark.parametrize("template, message", [(LAST_TURN_ENDS_DIFFERENTLY, "ends the model's turn with"),
                                                (DROPS_EARLIER_ASSISTANT_TURNS, "does not render the model's last")])
-def test_templates_that_cannot_continue_a_turn_are_refused(tmp_path, template, message):
-    tok = Tokenizer.from_pretrained(make_chat_tokenizer(tmp_path, "qwen3"))
+def test_templates_that_cannot_continue_a_turn_are_refused(tmp_path, chat_tokenizer, template, message):
+    tok = Tokenizer.from_pretrained(chat_tokenizer(tmp_path, "qwen3"))
     history = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
     with pytest.raises(TemplatePrefixError, match=message):
         observation_token_ids(tok, history, [{"role": "user", "content": "Bye."}], chat_template=template)
 
 
-def test_bad_histories_are_refused(tmp_path):
-    tok = Tokenizer.from_pretrained(make_chat_tokenizer(tmp_path, "qwen3"))
+def test_bad_histories_are_refused(tmp_path, chat_tokenizer):
+    tok = Tokenizer.from_pretrained(chat_tokenizer(tmp_path, "qwen3"))
     with pytest.raises(ValueError, match="must end with the model's turn"):
         observation_token_ids(tok, [{"role": "user", "content": "Hi."}], [{"role": "user", "content": "?"}])
     with pytest.raises(ValueError, match="needs at least one message"):

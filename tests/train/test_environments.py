@@ -153,15 +153,13 @@ def test_config_errors_are_clear():
         load_environment_factory(EnvironmentConfig(environment_factory="barerl.train.environments:Nope"))
 
 
-def test_episodes_interleave_while_tools_run(tmp_path):
+def test_episodes_interleave_while_tools_run(tmp_path, chat_tokenizer):
     """The rollout loop's pattern: submit a turn's step, keep going with the other episodes, poll; the
     episode's ids are its prompt, its sampled ids and the observation ids, in order."""
-    from conftest import make_chat_tokenizer
-
     from barerl.tokenizer import Tokenizer
     from barerl.train.chat_turns import observation_token_ids, prompt_token_ids
 
-    tok = Tokenizer.from_pretrained(make_chat_tokenizer(tmp_path, "llama3"))
+    tok = Tokenizer.from_pretrained(chat_tokenizer(tmp_path, "llama3"))
     factory = load_environment_factory(EnvironmentConfig(tools=("tests.train.test_environments:nap",)))
     scripts = {0: [_call("nap", seconds=0.5), "Slept."], 1: ["No tool needed."], 2: [_call("nap", seconds=0), "Ok."]}
     episodes = {}
