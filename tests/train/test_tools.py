@@ -151,5 +151,6 @@ def test_builtin_python_tool_runs_in_the_sandbox():
     tools = load_tools(["python"], sandbox)
     assert tools["python"].schema["function"]["parameters"]["required"] == ["code"]
     assert call_tool(tools, ToolCall("python", {"code": "print(6 * 7)"})).content == "42"
+    assert call_tool(tools, ToolCall("python", {"code": "x = 1"})).content == "[no output]"
     failed = call_tool(tools, ToolCall("python", {"code": "1 / 0"}))
     assert failed.error is None and "ZeroDivisionError" in failed.content and "[exit code 1]" in failed.content

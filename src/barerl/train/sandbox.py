@@ -126,7 +126,7 @@ class SandboxResult:
         if self.status == "killed":
             notes["killed"] = f"[killed by {signal.Signals(-self.returncode).name}]"
         parts.append(notes.get(self.status, ""))
-        return "\n".join(p.rstrip("\n") for p in parts if p)
+        return "\n".join(p.rstrip("\n") for p in parts if p) or "[no output]"
 
 
 def _interpreter() -> str:
