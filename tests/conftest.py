@@ -278,8 +278,48 @@ def make_chat_llm(model=None, **engine_args):
     return LLM(model, make_chat_tokenizer(), **engine)
 
 
+# Tiny chat tokenizers in the Qwen3 and Llama 3 styles: a byte-level BPE trained here, the family's special
+# and added tokens, and a template of tests/data/chat_templates/ that renders conversations as the family's
+# does. Saved as a Hugging Face folder, so that barerl and transformers (the oracle) load the same files.
+
+CHAT_TEMPLATES = __import__("pathlib").Path(__file__).parent / "data" / "chat_templates"
+CHAT_STYLES = {  # style -> (special tokens, other added tokens, bos, eos)
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+              ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+              None, "<|im_end|>"),
+    "llama3": (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"], [],
+               "<|begin_of_text|>", "<|eot_id|>"),
+}
+
+
+def write_chat_tokenizer(folder, style):
+    """Write a tiny `style` ("qwen3" or "llama3") chat tokenizer into `folder`; returns the folder."""
+    import json
+
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as Backend
+
+    special, added, bos, eos = CHAT_STYLES[style]
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = ['{"name": "add", "arguments": {"a": 1, "b": 2}}', "the answer is 42.", "Let me think about it.",
+              "assistant user system tool ipython", "What is 12 times 7? Use the calculator."] * 20
+    backend.train_from_iterator(corpus, trainer)
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    folder.mkdir(parents=True, exist_ok=True)
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "chat_template": (CHAT_TEMPLATES / f"{style}_style.jinja").read_text()}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.fixture
 def chat_tokenizer():
+    """The tiny character-level ChatML tokenizer of make_chat_tokenizer (server and evaluation tests)."""
     return make_chat_tokenizer()
 
 
@@ -328,3 +368,15 @@ def openai_server():
     pytest.importorskip("uvicorn")
     pytest.importorskip("starlette")
     return _serve_in_thread
+
+
+@pytest.fixture
+def styled_chat_tokenizer():
+    """Factory fixture: `folder = chat_tokenizer(tmp_path / "tok", "qwen3")` (see write_chat_tokenizer)."""
+    return write_chat_tokenizer
+
+
+@pytest.fixture(params=sorted(CHAT_STYLES))
+def chat_style(request):
+    """Parametrises a test over the chat tokenizer styles."""
+    return request.param

@@ -5,20 +5,20 @@ import itertools
 
 import pytest
 
-from barerl.tokenizer.tool_calls import ToolCall, parse_tool_calls, streamable_content
+from barerl.tokenizer.tool_calls import ToolCall, api_tool_calls, streamable_content
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def test_calls_and_the_content_before_them():
-    assert parse_tool_calls(CALL) == ("", [ToolCall("get_weather", {"city": "Paris"})])
+    assert api_tool_calls(CALL) == ("", [ToolCall("get_weather", {"city": "Paris"})])
     two = f"Let me look.\n\n{CALL}\n{CALL.replace('Paris', 'Rome')}\n"
-    content, calls = parse_tool_calls(two)
+    content, calls = api_tool_calls(two)
     assert content == "Let me look."
     assert [c.arguments["city"] for c in calls] == ["Paris", "Rome"]
     assert calls[0].arguments_json() == '{"city": "Paris"}'
     # arguments written as a JSON string, as some models do
-    assert parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')[1] == [
+    assert api_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')[1] == [
         ToolCall("f", {"x": 1})]
 
 
@@ -33,7 +33,7 @@ def test_calls_and_the_content_before_them():
     f"{CALL} between {CALL}",
 ])
 def test_anything_malformed_is_content_whole(text):
-    assert parse_tool_calls(text) == (text, [])
+    assert api_tool_calls(text) == (text, [])
 
 
 @pytest.mark.parametrize("text, streamable", [
@@ -52,4 +52,4 @@ def test_streamable_content_grows_into_the_parsed_content():
     text = f"I will check.\n{CALL}"
     prefixes = [streamable_content(text[:i]) for i in range(len(text) + 1)]
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(prefixes))
-    assert prefixes[-1] == parse_tool_calls(text)[0]
+    assert prefixes[-1] == api_tool_calls(text)[0]

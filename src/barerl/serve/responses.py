@@ -8,7 +8,7 @@ Design decisions:
   `token_logprobs` and `text_offset` (offsets as the tokens' own texts add up, as vLLM counts them) with
   `top_logprobs` null; chat gets `content` entries with empty `top_logprobs`.
 - Choices carry vLLM's `stop_reason` beside `finish_reason`: the stop string or token id that ended it.
-- Tool calls (chat, when the request gave tools): the text is read by `parse_tool_calls` once the sample
+- Tool calls (chat, when the request gave tools): the text is read by `api_tool_calls` once the sample
   ends; while streaming, content goes out as far as `streamable_content` allows, and the calls (with the rest
   of the content, if the calls turn out malformed) in the chunk that finishes the choice. A choice that
   stopped on its own with calls finishes with "tool_calls".
@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from barerl.engine.outputs import CompletionOutput
-from barerl.tokenizer.tool_calls import ToolCall, parse_tool_calls, streamable_content
+from barerl.tokenizer.tool_calls import ToolCall, api_tool_calls, streamable_content
 
 
 @dataclass
@@ -92,7 +92,7 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float]) -> dic
 
 def chat_message(sample: Sample, parse_tools: bool) -> tuple[dict, str | None]:
     """The finished sample's assistant message and finish reason."""
-    content, calls = parse_tool_calls(sample.text) if parse_tools else (sample.text, [])
+    content, calls = api_tool_calls(sample.text) if parse_tools else (sample.text, [])
     message = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = tool_calls_json(calls)
@@ -105,7 +105,7 @@ def chat_delta(sample: Sample, new_text: str, parse_tools: bool) -> dict:
         return {"content": new_text} if new_text else {}
     calls = []
     if sample.finish_reason is not None:
-        content, calls = parse_tool_calls(sample.text)
+        content, calls = api_tool_calls(sample.text)
     else:
         content = streamable_content(sample.text)
     delta = {"content": content[sample.num_content_sent :]} if len(content) > sample.num_content_sent else {}
@@ -116,7 +116,7 @@ def chat_delta(sample: Sample, new_text: str, parse_tools: bool) -> dict:
 
 
 def chat_finish_reason(sample: Sample, parse_tools: bool) -> str | None:
-    calls = parse_tool_calls(sample.text)[1] if parse_tools and sample.finish_reason is not None else []
+    calls = api_tool_calls(sample.text)[1] if parse_tools and sample.finish_reason is not None else []
     return _finish_reason(sample, calls)
 
 

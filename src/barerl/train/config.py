@@ -113,7 +113,7 @@ class TrainConfig:
                                    "process: bounds its staging memory.", gt=0.0)
 
     def __post_init__(self):
-        check_fields(self)
+        coerce_fields(self)
         if self.resume_from_checkpoint is not None and self.resume_from_checkpoint.lower() in ("true", "false"):
             latest = self.resume_from_checkpoint.lower() == "true"
             object.__setattr__(self, "resume_from_checkpoint", "latest" if latest else None)
@@ -336,9 +336,9 @@ def _to_str(v) -> str:
 _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
-def check_fields(config) -> None:
-    """Convert every field of a frozen config dataclass to its declared type and check its choices and
-    bounds (a config's `__post_init__`)."""
+def coerce_fields(config) -> None:
+    """Convert every field of a frozen config dataclass built with `opt` to its declared type, in place, and
+    check its choices and bounds (ConfigError naming the field otherwise)."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = coerce(f.name, getattr(config, f.name), hints[f.name])

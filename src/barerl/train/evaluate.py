@@ -32,7 +32,7 @@ import numpy as np
 
 from barerl.config import ConfigError
 from barerl.engine.sampling_params import SamplingParams
-from barerl.train.config import check_fields, opt
+from barerl.train.config import coerce_fields, opt
 from barerl.train.data import encode_prompt, is_conversational
 from barerl.train.rewards import RewardRunner, load_rewards
 
@@ -67,7 +67,7 @@ class EvalConfig:
                      "float16 or float32.", choices=("auto", "bfloat16", "float16", "float32"))
 
     def __post_init__(self):
-        check_fields(self)
+        coerce_fields(self)
         if self.pass_k and max(self.pass_k) > self.n:
             raise ConfigError(f"pass_k: each k must be <= n={self.n}, got {list(self.pass_k)}")
 

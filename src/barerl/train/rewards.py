@@ -7,9 +7,10 @@ whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**
 
 Design decisions:
 - Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
-  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`); a dict form adds `weight`, `name` and keyword
-  arguments for the function. A `Reward` keeps the *spec*, not the loaded function, so it pickles:
-  worker processes load the function themselves (spawn-safe, file-path rewards included).
+  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`, and `code_tests` from code_reward.py); a
+  dict form adds `weight`, `name` and keyword arguments for the function. A `Reward` keeps the *spec*, not the
+  loaded function, so it pickles: worker processes load the function themselves (spawn-safe, file-path rewards
+  included).
 - Output checking is strict, never a silent 0: a reward that raises, returns something other than a
   list of numbers/None, or the wrong number of values raises `RewardError` naming the reward.
 - `None` (or NaN) means "not applicable to this sample", as in TRL: the weighted sum over reward
@@ -23,13 +24,10 @@ Design decisions:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import multiprocessing
 import numbers
 import re
-import sys
 import time
 import traceback
 import warnings
@@ -37,11 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.pool import ThreadPool
-from pathlib import Path
 
 import numpy as np
 
+from barerl.train.code_reward import code_tests
 from barerl.train.math_grading import grade
+from barerl.train.specs import load_object
 
 
 class RewardError(Exception):
@@ -100,7 +99,7 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
 
 
 BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
-                   "length_penalty": length_penalty,
+                   "length_penalty": length_penalty, "code_tests": code_tests,
                    "math_verify": partial(math_accuracy, grader="math_verify")}  # math-verify or an error
 
 
@@ -108,44 +107,9 @@ BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
 # Loading
 
 
-_FILE_MODULES: dict[str, object] = {}
-
-
-def _load_file_module(path: Path, spec: str):
-    key = str(path.resolve())
-    if key not in _FILE_MODULES:
-        if not path.is_file():
-            raise RewardError(f"reward {spec!r}: file {path} not found")
-        module_spec = importlib.util.spec_from_file_location(f"barerl_reward_{abs(hash(key))}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            raise RewardError(f"reward {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
-        _FILE_MODULES[key] = module
-    return _FILE_MODULES[key]
-
-
 def load_reward_function(spec: str) -> Callable:
     """`"module:function"`, `"path/to/file.py:function"` or a built-in name -> the callable."""
-    if ":" not in spec:
-        if spec not in BUILTIN_REWARDS:
-            raise RewardError(f"unknown reward {spec!r}: not a built-in ({', '.join(BUILTIN_REWARDS)}); "
-                              "use 'module:function' or 'path/to/file.py:function'")
-        return BUILTIN_REWARDS[spec]
-    location, _, name = spec.rpartition(":")
-    if location.endswith(".py") or "/" in location or "\\" in location:
-        module = _load_file_module(Path(location), spec)
-    else:
-        try:
-            module = importlib.import_module(location)
-        except ImportError as e:
-            raise RewardError(f"reward {spec!r}: cannot import module {location!r}: {e}") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise RewardError(f"reward {spec!r}: {location} has no function {name!r}")
-    return fn
+    return load_object(spec, kind="reward", builtins=BUILTIN_REWARDS, error=RewardError)
 
 
 @dataclass
