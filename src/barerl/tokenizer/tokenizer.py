@@ -209,6 +209,11 @@ class Tokenizer:
         return [] if self.eos_token_id is None else [self.eos_token_id]
 
     @property
+    def all_special_ids(self) -> list[int]:
+        """Ids of the special added tokens (chat_turns: which sampled ids end a turn)."""
+        return sorted(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
+    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
