@@ -256,12 +256,12 @@ def cases():
 
 
 def main() -> None:
-    import cupy
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="also write the table to this CSV file")
     parser.add_argument("--only", default="", help="only ops whose name contains this")
     args = parser.parse_args()
+    import cupy
+
     copy_gbs, gemm_tflops = ceilings()
     print(
         f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: copy {copy_gbs:.0f} GB/s, "
