@@ -7,7 +7,7 @@
 
 Same model shape (random bf16 weights, torch seed 0), prompt length, sampling (temperature 1, no top-k / top-p)
 and counts as generate_barerl.py; every sequence is held to its length (min_new_tokens). A warm-up call of the
-same shape first (compilation happens there; a cold allocator also makes the first eager call 2-3x slower),
+same shape first (compilation happens there; in a process whose allocator is cold the first eager run is 2-3x slower),
 then timed calls on fresh prompts. Records new tokens/s, the warm-up's seconds and peak device memory
 (common.DeviceMemory, and torch's max_memory_allocated beside it).
 

@@ -98,7 +98,7 @@ def main() -> None:
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - begin
             each.append(sum(len(c.token_ids) for o in outputs for c in o.outputs) / seconds)
-            print(f"{name} vLLM call {trial + 1}: {each[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
+            print(f"{name} vLLM, timed run {trial + 1}: {each[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
         metrics = {"new_tok_s": max(each), "new_tok_s_each": each, "new_tokens": num_prompts * samples * new_tokens,
                    "ms_per_step": 1e3 * num_prompts * samples / max(each), "startup_s": startup_s, **rates,
                    "peak_gib": memory.peak_gib()}

@@ -106,7 +106,6 @@ def generation_vs_training_logprobs(model, rows, tokenizer, samples: int, new_to
 
 
 def trl_config(args, cuda: bool, prompt_len: int, new_tokens: int):
-    import torch
     import trl
 
     vllm = {"use_vllm": args.vllm == "colocate"}
@@ -118,7 +117,7 @@ def trl_config(args, cuda: bool, prompt_len: int, new_tokens: int):
         per_device_train_batch_size=16, gradient_accumulation_steps=4, max_completion_length=new_tokens,
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         loss_type="dapo", beta=0.0, bf16=cuda, logging_steps=1, save_strategy="no", report_to="none", seed=0,
-        shuffle_dataset=False, use_cpu=not cuda, model_init_kwargs={"dtype": torch.bfloat16 if cuda else "float32"},
+        shuffle_dataset=False, use_cpu=not cuda, model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
         **vllm)
 
 

@@ -38,7 +38,8 @@ STAGES = {
                         None)],
     "t1": [("train_barerl", ["train_barerl.py"], 200, None),
            ("train_torch", ["train_torch.py", "--rows", "full", "attention", "full:bf16"], 300, None)],
-    "t1_tuned": [("train_torch_tuned", ["train_torch.py", "--rows", "full+liger+compile"], 420, None)],
+    "t1_tuned": [("train_torch_tuned", ["train_torch.py", "--rows", "full+liger+compile"], 420,
+                  ["--rows", "full+liger+compile:bf16"])],  # bf16 weights if Liger refuses autocast's mix
     "r1": [("grpo_barerl", ["grpo_barerl.py"], 180, None),
            ("grpo_barerl_invariant_off", ["grpo_barerl.py", "--batch-invariant", "off"], 180, None)],
     "r1_trl_vllm": [("make_model", ["make_model.py", "{model}"], 120, None),
@@ -106,7 +107,9 @@ def run_step(name: str, args: list[str], timeout: float, out: Path, deadline: fl
 
 
 def load_records(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    """The records of one run (files of another form, kept from older runs, are left out)."""
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return [r for r in found if isinstance(r, dict) and {"workload", "name", "metrics"} <= r.keys()]
 
 
 def record(source: Path, commit: str, day: str | None, results: Path) -> None:
@@ -146,16 +149,16 @@ def append_history(workload: str, folder: Path) -> None:
     ours, peer = pairs[0]
     key = METRIC[workload][0]
     path = folder.parent / "history.csv"
-    rows = [r for r in read_history(path) if r["run"] != folder.name]
+    rows = [r for r in read_history(path) if r["run"] != folder.name]  # a run filed again moves to the end
     commit = folder.name.split("-", 3)[-1]
     rows.append({"date": ours["date"], "commit": commit, "run": folder.name, "metric": key,
-                 "barerl": ours["metrics"][key], "barerl_setting": ours["name"], "peer": peer and peer["system"],
-                 "peer_value": peer and peer["metrics"][key],
+                 "barerl": ours["metrics"][key], "barerl_setting": ours.get("label", ours["name"]),
+                 "peer": peer and peer["system"], "peer_value": peer and peer["metrics"][key],
                  "ratio": ratio(workload, ours["metrics"][key], peer and peer["metrics"][key])})
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="") as f:  # in the order the runs were filed: the last is the latest
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
         writer.writeheader()
-        writer.writerows(sorted(rows, key=lambda r: r["run"]))
+        writer.writerows(rows)
 
 
 def read_history(path: Path) -> list[dict]:
@@ -165,31 +168,36 @@ def read_history(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def latest_run(results: Path, workload: str) -> Path | None:
-    runs = sorted(p for p in (results / workload).glob("*-*") if p.is_dir())
-    return runs[-1] if runs else None
+def runs_newest_first(results: Path, workload: str) -> list[Path]:
+    """The runs in the order they were filed, newest first (history.csv; commits do not sort by time)."""
+    return [results / workload / r["run"] for r in reversed(read_history(results / workload / "history.csv"))]
 
 
 def table_rows(results: Path) -> list[dict]:
+    """Per workload and pair of PAIRS: the newest run that holds both records (barerl and that peer)."""
     rows = []
-    for workload in METRIC:
-        folder = latest_run(results, workload)
-        if folder is None:
-            continue
-        key = METRIC[workload][0]
-        for ours, peer in pairs_of(workload, load_records(folder)):
-            peer_value = peer["metrics"][key] if peer else None
+    for workload, pairs in PAIRS.items():
+        key, runs = METRIC[workload][0], [(f, load_records(f)) for f in runs_newest_first(results, workload)]
+        for pair in pairs:
+            found = next(((f, rs) for f, rs in runs if pair in [(a["name"], b["name"]) for a, b in pairs_of(workload, rs)
+                                                                if b]), None)
+            if found is None:
+                continue
+            folder, records = found
+            ours, peer = (next(r for r in records if r["name"] == name) for name in pair)
             rows.append({"workload": workload, "run": folder.name, "barerl": ours["metrics"][key],
-                         "barerl_setting": ours.get("label", ours["name"]), "peer": peer["system"] if peer else "-",
-                         "peer_setting": peer.get("label", peer["name"]) if peer else "", "peer_value": peer_value,
-                         "ratio": ratio(workload, ours["metrics"][key], peer_value),
-                         "barerl_gib": peak(ours), "peer_gib": peak(peer) if peer else None})
+                         "barerl_setting": ours.get("label", ours["name"]), "peer": peer["system"],
+                         "peer_setting": peer.get("label", peer["name"]), "peer_value": peer["metrics"][key],
+                         "peer_name": peer["name"],
+                         "ratio": ratio(workload, ours["metrics"][key], peer["metrics"][key]),
+                         "barerl_gib": peak(ours), "peer_gib": peak(peer)})
     return rows
 
 
 def peak(record: dict) -> float | None:
     m = record["metrics"]
-    return next((m[k] for k in ("peak_gib", "trainer_peak_gib", "torch_max_reserved_gib") if m.get(k)), None)
+    keys = ("peak_gib", "trainer_peak_gib", "torch_max_reserved_gib", "engine_peak_gib", "pool_gib", "torch_max_allocated_gib")
+    return next((m[k] for k in keys if m.get(k)), None)
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -226,12 +234,14 @@ def chart(rows: list[dict], path: Path) -> None:
 
     shown = [r for r in rows if r["ratio"]]
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    labels = [f"{r['workload']}\nvs {r['peer'].split(' (')[0].split(',')[0]}" for r in shown]
+    short = {"vllm": "vLLM", "transformers-compiled": "transformers\ncompiled", "trl-vllm": "TRL + vLLM",
+             "transformers-default": "transformers\ndefault", "trl": "TRL"}
+    labels = [f"{r['workload']} vs\n{short.get(r['peer_name'], r['peer_name'].split('-')[0])}" for r in shown]
     bars = ax.bar(labels, [r["ratio"] for r in shown], color="#3b75af")
     ax.bar_label(bars, labels=[f"{r['ratio']:.1f}x" for r in shown])
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_ylabel("barerl speed-up (same GPU, same run)")
-    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

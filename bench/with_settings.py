@@ -1,4 +1,4 @@
-"""Run a script with module attributes set first: A/B of a knob in one device call, no code edited.
+"""Run a script with module attributes set first: an A/B of a knob in one run, no code edited.
 
     python bench/with_settings.py barerl.kernels.paged_attention._UNSPLIT_CTAS_PER_SM=4 -- bench/generate_barerl.py --workloads G1
     python bench/with_settings.py barerl.backend.cuda.rmsnorm=@barerl.backend.ref.nn.rmsnorm -- ...
