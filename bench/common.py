@@ -64,6 +64,26 @@ def since_process_start() -> float:
     return time.time() - process_start_time()
 
 
+def caches_at_start() -> dict:
+    """How warm the compile caches are (a cold start on a fresh machine has none): files in CuPy's kernel cache,
+    vLLM's torch.compile cache, torch inductor's cache."""
+    home = Path.home()
+    folders = {"cupy_kernel_cache_files": Path(os.environ.get("CUPY_CACHE_DIR", home / ".cupy" / "kernel_cache")),
+               "vllm_compile_cache_files": Path(os.environ.get("VLLM_CACHE_ROOT", home / ".cache" / "vllm")),
+               "inductor_cache_files": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"/tmp/torchinductor_{_user()}"))}
+    return {key: sum(1 for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+            for key, folder in folders.items()}
+
+
+def _user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except (ImportError, KeyError, OSError):
+        return "root"
+
+
 def numbered_tokenizer(vocab_size: int):
     """Token i is the word "t<i>" (0 and 1: pad and eos): any token id of a random model decodes, and prompts
     encode exactly; special tokens are no prefix of a word (a tokenizer matches them inside words)."""

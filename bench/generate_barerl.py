@@ -17,7 +17,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import PROMPT_LEN, DeviceMemory, ceilings, model_shape, since_process_start, write_record
+from common import (
+    PROMPT_LEN,
+    DeviceMemory,
+    caches_at_start,
+    ceilings,
+    model_shape,
+    since_process_start,
+    write_record,
+)
 
 WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
 QUICK_NEW_TOKENS = 8
@@ -87,6 +95,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
 
+    caches = caches_at_start()
     memory = DeviceMemory().start()
     _, _, ModelConfig, Model = barerl_api()
     shape = model_shape(args.quick)
@@ -102,6 +111,8 @@ def main() -> None:
     for i, name in enumerate(args.workloads):
         memory.reset_peak()
         metrics = run_workload(model, name, args.quick, args, first_in_process=i == 0)
+        if i == 0:
+            metrics["caches_at_start"] = caches
         if rates:
             num_prompts, samples, new_tokens = WORKLOADS[name]
             bound = hbm_bound_seconds(shape, cfg.num_parameters(), num_prompts * samples, new_tokens, rates["copy_tbs"])

@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from common import PROMPT_LEN, DeviceMemory, ceilings, since_process_start, write_record
+from common import PROMPT_LEN, DeviceMemory, caches_at_start, ceilings, since_process_start, write_record
 
 os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
 
+    caches = caches_at_start()
     memory = DeviceMemory().start()
     import vllm
     from vllm import LLM, SamplingParams
@@ -103,7 +104,8 @@ def main() -> None:
                    "ms_per_step": 1e3 * num_prompts * samples / max(each), "startup_s": startup_s, **rates,
                    "peak_gib": memory.peak_gib()}
         if i == 0:
-            metrics.update(cold_start_engine_ready_s=ready_s, cold_start_first_token_s=first_token_s)
+            metrics.update(cold_start_engine_ready_s=ready_s, cold_start_first_token_s=first_token_s,
+                           caches_at_start=caches)
         label = f"defaults (CUDA graphs, torch.compile, {settings.get('attention_backend', 'its attention backend')})"
         write_record(args.out, "vllm", name, f"vLLM {vllm.__version__}", label, settings, metrics, ("vllm", "torch"))
     memory.stop()

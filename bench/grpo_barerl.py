@@ -27,6 +27,7 @@ import numpy as np
 from common import (
     PROMPT_LEN,
     DeviceMemory,
+    caches_at_start,
     cheap_reward,
     model_shape,
     numbered_tokenizer,
@@ -139,10 +140,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the JSON record")
     args = parser.parse_args()
 
+    caches = caches_at_start()
     memory = DeviceMemory().start()
     stamps = stamp_first_log()
     metrics = summarize(run(args))
-    metrics.update(peak_gib=memory.peak_gib(), cold_start_first_step_end_s=stamps.get("first_step_end_s"))
+    metrics.update(peak_gib=memory.peak_gib(), cold_start_first_step_end_s=stamps.get("first_step_end_s"),
+                   caches_at_start=caches)
     memory.stop()
     name, label, settings = describe(args)
     print(f"R1 {name}: {metrics['step_s']:.2f} s/step (steps {', '.join(f'{s:.2f}' for s in metrics['step_s_each'])};"

@@ -31,7 +31,15 @@ import tempfile
 import time
 
 import numpy as np
-from common import PROMPT_LEN, DeviceMemory, cheap_reward, prompt_rows, since_process_start, write_record
+from common import (
+    PROMPT_LEN,
+    DeviceMemory,
+    caches_at_start,
+    cheap_reward,
+    prompt_rows,
+    since_process_start,
+    write_record,
+)
 
 NEW_TOKENS, QUICK_LENGTHS = 1024, (16, 16)  # completion length; (prompt, completion) of the CPU smoke test
 
@@ -131,6 +139,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the JSON record")
     args = parser.parse_args()
 
+    caches = caches_at_start()
     memory = DeviceMemory().start()
     for key, value in {"MASTER_ADDR": "localhost", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"}.items():
@@ -184,7 +193,8 @@ def main() -> None:
                "completion_max_length": max(h["completions/max_length"] for h in later),
                "trl_logged_logp_difference_mean": [h.get("sampling/sampling_logp_difference/mean") for h in logs],
                "trl_logged_logp_difference_max": [h.get("sampling/sampling_logp_difference/max") for h in logs],
-               "trl_step_time": [h.get("step_time") for h in logs], "cold_start_first_step_end_s": cold_start}
+               "trl_step_time": [h.get("step_time") for h in logs], "cold_start_first_step_end_s": cold_start,
+               "caches_at_start": caches}
     metrics["train"] = metrics["step_s"] - metrics["generate"] - metrics["sync_weights"] - metrics["score"]
     if args.vllm == "off":
         trainer.model.generate = trainer.model.__class__.generate.__get__(trainer.model)

@@ -5,7 +5,7 @@ kernel writes the layer's output (GemmEx needs `out` prefilled with bias + resid
 output), and cuBLASLt proposes several algorithms per shape.
 
 Algorithm choice: the heuristic's first pick is often not its fastest candidate (measured on the H200 at T1
-shapes: up to 27% slower, bench/RESULTS.md). The first product of a shape class (rows rounded up to a power
+shapes: up to 27% slower, docs/LOG.md). The first product of a shape class (rows rounded up to a power
 of two, so ragged batches do not each tune) outside CUDA-graph capture times every candidate on scratch
 output, replaying a CUDA graph of a few launches (timed one by one from the host, a short product measures
 the launch overhead, not the kernel), and keeps the fastest, if it beats the first pick by `_TUNE_MARGIN`.

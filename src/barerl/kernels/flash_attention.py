@@ -19,7 +19,7 @@ from barerl.kernels.paged_attention import paged_attention, paged_inputs
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
 # m16 row tiles per warp (query rows per block = 16 x fwd_mt x fwd_warps) and keys per K/V tile; backward:
 # warps per block (16 keys each). "defines" adds switches (the benchmark's leave-one-stage-out variants).
-# Defaults: the fastest measured at T1 shapes on the H200 (bench/RESULTS.md).
+# Defaults: the fastest measured at T1 shapes on the H200 (docs/LOG.md).
 CONFIG = {"fwd_warps": 4, "fwd_mt": 2, "fwd_bn": 64, "bwd_warps": 4, "defines": {}}
 _BWD_BM, _DELTA_THREADS = 32, 128
 _LOG2E = 1.4426950408889634

@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 6) paged_attention_split(
     // rounds) before the current round is used, so their latency hides behind the math of the rounds between.
     // Each thread reads back only the slices it copied itself: no barrier. The request of round i + STAGES - 1
     // reuses the slot round i - 1 was read from, in registers by then. (Measured on the H200 against loads one
-    // round ahead in registers: 8-9% faster on G1 and G2, bench/RESULTS.md.)
+    // round ahead in registers: 8-9% faster on G1 and G2, docs/LOG.md.)
     // A round wholly before `end` (all but a part's last) takes the mask-free path.
     constexpr int ROUND = NTG * UNROLL;
     const unsigned slice = kvh * HEAD_DIM + lane * VEC;
