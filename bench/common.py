@@ -15,6 +15,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -34,6 +35,19 @@ TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hid
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # --quick: a CPU smoke test
 PROMPT_LEN = 128
 SPEC_BF16_TFLOPS = 989.0  # H200 SXM, dense bf16, vendor datasheet
+GENERATION = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
+QUICK_NEW_TOKENS = 8  # --quick's generation length
+
+
+def generation_parser(doc: str, timed: int) -> argparse.ArgumentParser:
+    """The command line every G1 / G2 script shares; each adds its own options."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(GENERATION), choices=list(GENERATION))
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_NEW_TOKENS} new tokens of a tiny model (a smoke test; barerl, transformers: the CPU)")
+    parser.add_argument("--timed", type=int, default=timed, help="timed calls per workload (the best is reported)")
+    parser.add_argument("--out", default=None, help="folder for the JSON records")
+    return parser
 
 
 def model_shape(quick: bool) -> dict:
@@ -111,6 +125,20 @@ def prompt_rows(vocab_size: int, count: int, length: int, seed: int = 0) -> list
 def cheap_reward(prompts, completions, **_) -> list[float]:
     """A deterministic reward that varies across samples (so advantages are not all zero)."""
     return [zlib.crc32(c.encode()) % 100 / 100 for c in completions]
+
+
+def timed_runs(make_prompts, generate, count: int, label: str) -> list[float]:
+    """New tokens/s of `count` timed generations: prompts = make_prompts(i) (untimed), generate(prompts) -> the
+    number of new tokens."""
+    rates = []
+    for trial in range(count):
+        prompts = make_prompts(trial)
+        begin = time.perf_counter()
+        tokens = generate(prompts)
+        seconds = time.perf_counter() - begin
+        rates.append(tokens / seconds)
+        print(f"{label}, timed run {trial + 1}: {rates[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
+    return rates
 
 
 def training_flops(shape: dict, num_params: int, seqs: int, seqlen: int) -> float:

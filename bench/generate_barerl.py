@@ -14,21 +14,21 @@ one token, before anything else touches the GPU). Peers: generate_vllm.py, gener
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from common import (
+    GENERATION,
     PROMPT_LEN,
+    QUICK_NEW_TOKENS,
     DeviceMemory,
     caches_at_start,
     ceilings,
+    generation_parser,
     model_shape,
     since_process_start,
+    timed_runs,
     write_record,
 )
-
-WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
-QUICK_NEW_TOKENS = 8
 
 
 def barerl_api():
@@ -55,7 +55,7 @@ def random_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
 
 def run_workload(model, name: str, quick: bool, args, first_in_process: bool) -> dict:
     LLM, SamplingParams, _, _ = barerl_api()
-    num_prompts, samples, new_tokens = WORKLOADS[name]
+    num_prompts, samples, new_tokens = GENERATION[name]
     new_tokens = QUICK_NEW_TOKENS if quick else new_tokens
     seqs = num_prompts * samples
     start = time.perf_counter()
@@ -68,60 +68,58 @@ def run_workload(model, name: str, quick: bool, args, first_in_process: bool) ->
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
     llm.generate(random_prompts(vocab, num_prompts, 1), params, use_tqdm=False)  # same shape: compiles, captures
     warm_s = time.perf_counter() - start
-    rates = []
-    for trial in range(args.timed):
-        prompts = random_prompts(vocab, num_prompts, 10 + trial)
-        begin = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - begin
-        rates.append(sum(len(o.token_ids) for r in outputs for o in r.outputs) / seconds)
-        print(f"{name} barerl, timed run {trial + 1}: {rates[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
-    del llm, outputs
-    pool = getattr(model.xp, "get_default_memory_pool", None)
-    if pool is not None:  # the next workload's engine starts from an empty pool
-        pool().free_all_blocks()
+    rates = timed_runs(lambda trial: random_prompts(vocab, num_prompts, 10 + trial),
+                       lambda prompts: sum(len(o.token_ids) for r in llm.generate(prompts, params, use_tqdm=False)
+                                           for o in r.outputs), args.timed, f"{name} barerl")
     return {**metrics, "new_tok_s": max(rates), "new_tok_s_each": rates, "new_tokens": seqs * new_tokens,
             "ms_per_step": 1e3 * seqs / max(rates), "engine_start_and_warmup_s": warm_s}
 
 
+def load_model(args):
+    """The benchmark model: from make_model.py's folder (what the peers load too) or made here, random."""
+    _, _, ModelConfig, Model = barerl_api()
+    device, dtype = ("cpu", "float32") if args.quick else ("cuda", "bfloat16")
+    if args.model:
+        return Model.from_pretrained(args.model, device=device, dtype=dtype)
+    cfg = ModelConfig.from_dict(model_shape(args.quick), source="Qwen3-0.6B shape")
+    return Model.random(cfg, device=device, dtype=dtype, seed=0)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--quick", action="store_true", help=f"a tiny model, {QUICK_NEW_TOKENS} new tokens, the CPU")
+    parser = generation_parser(__doc__, timed=2)
+    parser.add_argument("--model", default=None, help="a folder written by make_model.py (default: random weights)")
     parser.add_argument("--num-scheduler-steps", type=int, default=8, help="decode steps per graph launch")
     parser.add_argument("--batch-invariant", default="off", choices=("on", "off"),
                         help="the engine's batch_invariant (GRPO turns it on; plain generation leaves it off)")
-    parser.add_argument("--timed", type=int, default=2, help="timed calls per workload (the best is reported)")
-    parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
 
     caches = caches_at_start()
     memory = DeviceMemory().start()
-    _, _, ModelConfig, Model = barerl_api()
-    shape = model_shape(args.quick)
-    device = "cpu" if args.quick else "cuda"
-    cfg = ModelConfig.from_dict(shape, source="Qwen3-0.6B shape")
-    model = Model.random(cfg, device=device, dtype="float32" if args.quick else "bfloat16", seed=0)
-    rates = ceilings("cupy") if device == "cuda" else {}
-    if rates:
-        model.xp.get_default_memory_pool().free_all_blocks()  # the ceilings' arrays are no workload's memory
-    settings = {"num_scheduler_steps": args.num_scheduler_steps, "batch_invariant": args.batch_invariant,
-                "async_scheduling": True, "cuda_graphs": device == "cuda", "gpu_memory_utilization": 0.6,
-                "dtype": str(model.dtype), "device": device}
+    model = load_model(args)
+    runs = {}
     for i, name in enumerate(args.workloads):
         memory.reset_peak()
-        metrics = run_workload(model, name, args.quick, args, first_in_process=i == 0)
+        runs[name] = run_workload(model, name, args.quick, args, first_in_process=i == 0)
+        runs[name]["peak_gib"] = memory.peak_gib()
+        pool = getattr(model.xp, "get_default_memory_pool", None)
+        if pool is not None:  # the engine is gone: the next workload's starts from an empty pool
+            pool().free_all_blocks()
+    memory.stop()
+    rates = {} if args.quick else ceilings("cupy")  # after the timed work: the cold start is not delayed by it
+    settings = {"num_scheduler_steps": args.num_scheduler_steps, "batch_invariant": args.batch_invariant,
+                "async_scheduling": True, "cuda_graphs": not args.quick, "gpu_memory_utilization": 0.6,
+                "dtype": str(model.dtype), "weights": args.model or "random (seed 0)"}
+    label = f"CUDA graphs, {args.num_scheduler_steps} decode steps a launch" + (
+        ", batch_invariant" if args.batch_invariant == "on" else "")
+    for i, (name, metrics) in enumerate(runs.items()):
         if i == 0:
             metrics["caches_at_start"] = caches
         if rates:
-            num_prompts, samples, new_tokens = WORKLOADS[name]
-            bound = hbm_bound_seconds(shape, cfg.num_parameters(), num_prompts * samples, new_tokens, rates["copy_tbs"])
+            num_prompts, samples, new_tokens = GENERATION[name]
+            bound = hbm_bound_seconds(model_shape(False), model.cfg.num_parameters(), num_prompts * samples,
+                                      new_tokens, rates["copy_tbs"])
             metrics["of_hbm_bound"] = bound * metrics["new_tok_s"] / metrics["new_tokens"]
-        metrics.update(rates, peak_gib=memory.peak_gib())
-        label = f"CUDA graphs, {args.num_scheduler_steps} decode steps a launch" + (
-            ", batch_invariant" if args.batch_invariant == "on" else "")
-        write_record(args.out, "barerl", name, "barerl", label, settings, metrics)
-    memory.stop()
+        write_record(args.out, "barerl", name, "barerl", label, settings, {**metrics, **rates})
 
 
 if __name__ == "__main__":

@@ -16,13 +16,19 @@ then timed calls on fresh prompts. Records new tokens/s, the warm-up's seconds a
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from common import PROMPT_LEN, DeviceMemory, hf_config_kwargs, model_shape, write_record
+from common import (
+    GENERATION,
+    PROMPT_LEN,
+    QUICK_NEW_TOKENS,
+    DeviceMemory,
+    generation_parser,
+    hf_config_kwargs,
+    model_shape,
+    write_record,
+)
 
-WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
-QUICK_NEW_TOKENS = 8
 SETTINGS = {"compiled": "static cache + torch.compile", "default": "default (dynamic cache, eager)"}
 
 
@@ -43,12 +49,8 @@ def timed_generate(model, ids, new_tokens: int, setting: str) -> tuple[float, in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = generation_parser(__doc__, timed=1)
     parser.add_argument("--setting", default="compiled", choices=list(SETTINGS))
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--quick", action="store_true", help=f"a tiny model, {QUICK_NEW_TOKENS} new tokens, the CPU")
-    parser.add_argument("--timed", type=int, default=1, help="timed calls per workload (the best is reported)")
-    parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
 
     memory = DeviceMemory().start()
@@ -66,7 +68,7 @@ def main() -> None:
                 "compile_config": vars(compile_config) if compile_config else None,
                 "attn_implementation": model.config._attn_implementation}
     for name in args.workloads:
-        num_prompts, samples, new_tokens = WORKLOADS[name]
+        num_prompts, samples, new_tokens = GENERATION[name]
         new_tokens = QUICK_NEW_TOKENS if args.quick else new_tokens
         rng = torch.Generator().manual_seed(1)
         prompts = torch.randint(2, shape["vocab_size"], (num_prompts, PROMPT_LEN), generator=rng)

@@ -14,18 +14,26 @@ start: seconds from process start to the engine being ready and to the first gen
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
-from common import PROMPT_LEN, DeviceMemory, caches_at_start, ceilings, since_process_start, write_record
+from common import (
+    GENERATION,
+    PROMPT_LEN,
+    QUICK_NEW_TOKENS,
+    DeviceMemory,
+    caches_at_start,
+    ceilings,
+    generation_parser,
+    since_process_start,
+    timed_runs,
+    write_record,
+)
 
 os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
-QUICK_NEW_TOKENS = 8
 GPU_MEMORY_UTILIZATION = 0.6
 
 
@@ -59,13 +67,24 @@ def random_token_prompts(vocab_size: int, count: int, seed: int):
     return [TokensPrompt(prompt_token_ids=p) for p in ids]
 
 
+def run_workload(llm, vocab: int, name: str, args) -> dict:
+    """A warm-up call of the workload's shape, then the timed calls on fresh prompts."""
+    from vllm import SamplingParams
+
+    num_prompts, samples, new_tokens = GENERATION[name]
+    new_tokens = QUICK_NEW_TOKENS if args.quick else new_tokens
+    params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+    llm.generate(random_token_prompts(vocab, num_prompts, 1), params, use_tqdm=False)  # same shape first
+    each = timed_runs(lambda trial: random_token_prompts(vocab, num_prompts, 10 + trial),
+                      lambda prompts: sum(len(c.token_ids) for o in llm.generate(prompts, params, use_tqdm=False)
+                                          for c in o.outputs), args.timed, f"{name} vLLM")
+    return {"new_tok_s": max(each), "new_tok_s_each": each, "new_tokens": num_prompts * samples * new_tokens,
+            "ms_per_step": 1e3 * num_prompts * samples / max(each)}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = generation_parser(__doc__, timed=2)
     parser.add_argument("--model", required=True, help="a folder written by make_model.py")
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_NEW_TOKENS} new tokens (the tiny model's folder)")
-    parser.add_argument("--timed", type=int, default=2, help="timed calls per workload (the best is reported)")
-    parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
 
     caches = caches_at_start()
@@ -87,21 +106,8 @@ def main() -> None:
     print(f"vLLM {vllm.__version__}: startup {startup_s:.1f} s; settings {settings}", flush=True)
     rates = ceilings("torch")
     for i, name in enumerate(args.workloads):
-        num_prompts, samples, new_tokens = WORKLOADS[name]
-        new_tokens = QUICK_NEW_TOKENS if args.quick else new_tokens
-        params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True,
-                                detokenize=False)
-        llm.generate(random_token_prompts(vocab, num_prompts, 1), params, use_tqdm=False)  # same shape first
-        each = []
-        for trial in range(args.timed):
-            prompts = random_token_prompts(vocab, num_prompts, 10 + trial)
-            begin = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            seconds = time.perf_counter() - begin
-            each.append(sum(len(c.token_ids) for o in outputs for c in o.outputs) / seconds)
-            print(f"{name} vLLM, timed run {trial + 1}: {each[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
-        metrics = {"new_tok_s": max(each), "new_tok_s_each": each, "new_tokens": num_prompts * samples * new_tokens,
-                   "ms_per_step": 1e3 * num_prompts * samples / max(each), "startup_s": startup_s, **rates,
+        memory.reset_peak()
+        metrics = {**run_workload(llm, vocab, name, args), "startup_s": startup_s, **rates,
                    "peak_gib": memory.peak_gib()}
         if i == 0:
             metrics.update(cold_start_engine_ready_s=ready_s, cold_start_first_token_s=first_token_s,

@@ -66,7 +66,7 @@ def stamp_first_log() -> dict:
 
 def describe(args) -> tuple[str, str, dict]:
     """The record's name, its label (the setting in words) and its settings."""
-    settings = {"batch_invariant": args.batch_invariant, "offload_optimizer": args.offload_optimizer,
+    settings = {"weights": args.model or "random (seed 0)", "batch_invariant": args.batch_invariant, "offload_optimizer": args.offload_optimizer,
                 "gradient_checkpointing_keep": args.keep, "num_scheduler_steps": args.num_scheduler_steps,
                 "micro_batch": args.micro_batch, "loss_type": "dapo", "beta": 0.0, "learning_rate": 1e-6}
     parts = []  # (name part, words), each only where the setting is not the default
@@ -88,9 +88,12 @@ def run(args) -> dict:
     ModelConfig, Model, GRPOConfig, train_grpo, _ = barerl_api()
     shape = model_shape(args.quick)
     prompt_len, new_tokens = QUICK_LENGTHS if args.quick else (PROMPT_LEN, NEW_TOKENS)
-    cfg = ModelConfig.from_dict(shape, source="Qwen3-0.6B shape")
-    device = "cpu" if args.quick else "cuda"
-    model = Model.random(cfg, device=device, dtype="float32" if args.quick else "bfloat16", seed=0)
+    device, dtype = ("cpu", "float32") if args.quick else ("cuda", "bfloat16")
+    if args.model:  # make_model.py's folder, which the peer loads too
+        model = Model.from_pretrained(args.model, device=device, dtype=dtype)
+    else:
+        model = Model.random(ModelConfig.from_dict(shape, source="Qwen3-0.6B shape"), device=device, dtype=dtype, seed=0)
+    cfg = model.cfg
     out = Path(tempfile.mkdtemp(prefix="r1-"))
     micro, ratio = args.micro_batch, args.offload_optimizer
     config = GRPOConfig(
@@ -129,6 +132,7 @@ def summarize(records: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a folder written by make_model.py (default: random weights)")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps; the first is a warm-up")
     parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences on the CPU")
     parser.add_argument("--batch-invariant", default="on", choices=("on", "off"), help="GRPO's batch_invariant")

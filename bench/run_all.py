@@ -30,7 +30,8 @@ RESULTS = HERE / "results"
 MODEL = "/tmp/bench-model"  # the peers' model folder (make_model.py); --quick makes a tiny one beside it
 # stage: steps of (name, script and arguments, timeout in seconds, arguments to retry with if it fails)
 STAGES = {
-    "gen_barerl": [("generate_barerl", ["generate_barerl.py"], 300, None)],
+    "gen_barerl": [("make_model", ["make_model.py", "{model}"], 120, None),
+                   ("generate_barerl", ["generate_barerl.py", "--model", "{model}"], 300, None)],
     "gen_vllm": [("make_model", ["make_model.py", "{model}"], 120, None),
                  ("generate_vllm", ["generate_vllm.py", "--model", "{model}"], 400, None)],
     "gen_hf": [("generate_transformers_compiled", ["generate_transformers.py", "--setting", "compiled"], 420, None)],
@@ -40,8 +41,10 @@ STAGES = {
            ("train_torch", ["train_torch.py", "--rows", "full", "attention", "full:bf16"], 300, None)],
     "t1_tuned": [("train_torch_tuned", ["train_torch.py", "--rows", "full+liger+compile"], 420,
                   ["--rows", "full+liger+compile:bf16"])],  # bf16 weights if Liger refuses autocast's mix
-    "r1": [("grpo_barerl", ["grpo_barerl.py"], 180, None),
-           ("grpo_barerl_invariant_off", ["grpo_barerl.py", "--batch-invariant", "off"], 180, None)],
+    "r1": [("make_model", ["make_model.py", "{model}"], 120, None),
+           ("grpo_barerl", ["grpo_barerl.py", "--model", "{model}"], 180, None),
+           ("grpo_barerl_invariant_off", ["grpo_barerl.py", "--model", "{model}", "--batch-invariant", "off"], 180,
+            None)],
     "r1_trl_vllm": [("make_model", ["make_model.py", "{model}"], 120, None),
                     ("grpo_trl_vllm", ["grpo_trl.py", "--model", "{model}"], 420,
                      ["--vllm-gpu-memory-utilization", "0.3"])],  # TRL's default if the smallest fit fails
@@ -124,8 +127,11 @@ def record(source: Path, commit: str, day: str | None, results: Path) -> None:
         folder = results / workload / f"{day_of_run}-{commit}"
         folder.mkdir(parents=True, exist_ok=True)
         logs = [p for p in source.glob("*.log") if f'"workload": "{workload}"' in p.read_text(errors="replace")]
-        for path in [*paths, *logs, *source.glob("*.txt")]:  # the logs of the scripts that wrote its records
+        for path in [*paths, *logs]:  # the records and the logs of the scripts that wrote them
             shutil.copy2(path, folder / path.name)
+        for path in source.glob("*.txt"):  # commands, GPU: appended, so that a run filed in parts keeps all
+            with open(folder / path.name, "a") as f:
+                f.write(path.read_text())
         append_history(workload, folder)
         print(f"recorded {workload}: {folder}")
 
