@@ -40,7 +40,10 @@ cat "$WORK/gpu.txt"
 
 stage_vllm_part() {
   [ -n "$PARTS" ] || { echo "vllm_part: no --parts folder given"; return 1; }
-  mv "$PARTS"/part[0-9][0-9] "$PARTS"/SHA256SUMS "$PARTS"/assemble_and_install.sh /tmp/vllm-parts/ 2>/dev/null
+  local f
+  for f in "$PARTS"/part[0-9][0-9] "$PARTS"/SHA256SUMS "$PARTS"/assemble_and_install.sh; do
+    [ -f "$f" ] && mv "$f" /tmp/vllm-parts/
+  done
   ls -l /tmp/vllm-parts
 }
 
