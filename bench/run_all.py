@@ -119,7 +119,9 @@ def record(source: Path, commit: str, day: str | None, results: Path) -> None:
     """File `source`'s records (and the logs and commands that made them) under results/<workload>/."""
     by_workload: dict[str, list[Path]] = {}
     for path in sorted(source.glob("*.json")):
-        by_workload.setdefault(json.loads(path.read_text())["workload"], []).append(path)
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "workload" in data:  # a record (common.write_record), not another file
+            by_workload.setdefault(data["workload"], []).append(path)
     if not by_workload:
         raise SystemExit(f"record: no JSON records in {source}")
     for workload, paths in by_workload.items():
