@@ -153,7 +153,7 @@ def main() -> None:
     prompt_len, new_tokens = QUICK_LENGTHS if args.quick else (PROMPT_LEN, NEW_TOKENS)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     rows = prompt_rows(tokenizer.vocab_size, 8 * args.steps, prompt_len)
-    phases, ends, mismatch = Phases(cuda), [], []
+    phases, ends, mismatch, cold = Phases(cuda), [], [], {}
 
     class StepEnds(transformers.TrainerCallback):
         def on_train_begin(self, *_, **__):
@@ -163,8 +163,7 @@ def main() -> None:
             if cuda:
                 torch.cuda.synchronize()
             ends.append(time.perf_counter())
-            if len(ends) == 2:
-                ends.append(since_process_start())  # kept apart below
+            cold.setdefault("first_step_end_s", since_process_start())
 
     reward = phases.wrap(cheap_reward, "score")
     reward.__name__ = "cheap_reward"
@@ -181,7 +180,7 @@ def main() -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    cold_start = ends.pop(2)
+    cold_start = cold.get("first_step_end_s")
     steps = np.diff(ends).tolist()
     median = lambda key: float(np.median(phases.spans.get(key, [0.0])[1:] or phases.spans.get(key, [0.0])))
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
