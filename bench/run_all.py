@@ -56,8 +56,9 @@ GENERATION_PAIRS = [("barerl", "vllm"), ("barerl", "transformers-compiled"), ("b
 PAIRS = {  # (barerl record, peer record): settings of the same work; the first present is the principal one
     "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS,
     "T1": [("barerl-keep-none", "torch-full"), ("barerl-keep-attention", "torch-attention"),
-           ("barerl-keep-attention", "torch-full-liger-compile"), ("barerl-keep-attention", "torch-full-bf16")],
-    "R1": [("barerl", "trl-vllm"), ("barerl", "trl")],
+           ("barerl-keep-attention", "torch-full-liger-compile"), ("barerl-keep-attention", "torch-full-liger-compile-bf16"),
+           ("barerl-keep-attention", "torch-full-bf16")],
+    "R1": [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl")],
 }
 HISTORY_FIELDS = ["date", "commit", "run", "metric", "barerl", "barerl_setting", "peer", "peer_value", "ratio"]
 
