@@ -5,7 +5,7 @@ packed micro-batch of thousands. For each op of a Qwen3-0.6B layer, rows of a sm
 bit with the same rows computed inside a large one. Matrix products: every algorithm cuBLASLt proposes at
 each size, with its configuration (tile, split-K parts, reduction scheme), against the large batch's product
 with the algorithm in use. Prints the fraction of differing elements; a probe, not a test (attention has
-its own GPU test, tests/kernels/test_paged_attention_invariant.py).
+its own GPU test, tests/ops/test_paged_attention.py).
 
     python bench/batch_invariance.py [--big 8192]
 """
@@ -16,7 +16,7 @@ import argparse
 
 import ml_dtypes
 import numpy as np
-from bench_train_step import QWEN3_06B
+from common import QWEN3_06B
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SMALL = (1, 16, 64, 256, 1024)
@@ -30,7 +30,7 @@ def differing(a, b) -> float:
 def probe_products(cfg, big: int) -> None:
     import cupy
 
-    from barerl.kernels import cublaslt
+    from barerl.ops.cuda import cublaslt
 
     C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * D
@@ -66,8 +66,8 @@ def probe_rowwise(cfg, big: int) -> None:
     """rmsnorm, q/k norm + rope (with and without the KV-cache store), swiglu: rows of 64 vs of big."""
     import cupy
 
-    from barerl.backend import cuda
     from barerl.model.rope import rope_tables
+    from barerl.ops import cuda
 
     rng = cupy.random.default_rng(1)
     C, D, H, K = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads

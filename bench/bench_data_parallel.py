@@ -8,7 +8,7 @@
    checkpointed; against the 1-GPU run's checkpoint: the fp32 master weights' largest difference, relative
    to the largest weight and to the largest update, and the engine/trainer log-prob mismatch of both.
 
-    mpirun -n N python bench/bench_data_parallel.py --out DIR [--steps 3] [--quick --device cpu]
+    cd bench && mpirun -n N python bench_data_parallel.py --out DIR [--steps 3] [--quick]
 
 Run N = 1 first, then 2, 4, 8 with the same DIR; each run prints its line and writes DIR/result-N.json.
 """
@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from bench_grpo_step import run
+from common import model_shape
+from grpo_barerl import build_parser, run, summarize
 
 
 def master_weights(checkpoint: Path) -> np.ndarray:
@@ -32,16 +33,11 @@ def master_weights(checkpoint: Path) -> np.ndarray:
 
 def initial_master(quick: bool) -> np.ndarray:
     """R1's seeded random bf16 weights as fp32: the master before the step."""
-    from bench_train_step import QWEN3_06B
-
     from barerl.config import ModelConfig
     from barerl.model.model import Model
 
-    cfg = dict(QWEN3_06B)
-    if quick:
-        cfg.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16)
-    return Model.random(ModelConfig.from_dict(cfg), dtype="bfloat16", seed=0).params.flat.astype(np.float32)
+    dtype = "float32" if quick else "bfloat16"  # grpo_barerl.py's: fp32 on the CPU
+    return Model.random(ModelConfig.from_dict(model_shape(quick)), dtype=dtype, seed=0).params.flat.astype(np.float32)
 
 
 def compare(out: Path, ranks: int, quick: bool) -> dict:
@@ -70,24 +66,26 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder shared by the runs of 1, 2, 4, 8 GPUs")
     parser.add_argument("--steps", type=int, default=3, help="scaling steps; the first is a warm-up")
     parser.add_argument("--micro-batch", type=int, default=16, help="completions per micro-batch")
-    parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences (CPU smoke test)")
-    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences on the CPU")
     args = parser.parse_args()
     group = process_group()
-    if args.device == "cuda":
+    device = "cpu" if args.quick else "cuda"
+    if device == "cuda":
         group.select_gpu()
     out, ranks, micro = Path(args.out), group.size, args.micro_batch
-    scaling = run(args.quick, args.steps, args.device, micro_batch=micro, num_prompts=8 * ranks,
-                  output_dir=out / f"scaling-{ranks}")
-    release_device_memory(args.device)  # the first run's engine and arrays, before the second's
+    r1 = build_parser().parse_args(["--steps", str(args.steps), "--micro-batch", str(micro)] + ["--quick"] * args.quick)
+    scaling = run(r1, num_prompts=8 * ranks, output_dir=out / f"scaling-{ranks}")
+    release_device_memory(device)  # the first run's engine and arrays, before the second's
     # the 1-GPU batch shared: generation_batch_size is the whole job's; one update (gradient_accumulation_steps
     # = each rank's micro-batch steps)
     accumulation = max(1, 64 // (micro * ranks))
-    exact = run(args.quick, 1, args.device, micro_batch=micro, num_prompts=8, output_dir=out / f"exact-{ranks}",
+    exact = run(argparse.Namespace(**{**vars(r1), "steps": 1}),
+                num_prompts=8, output_dir=out / f"exact-{ranks}",
                 overrides={"generation_batch_size": 64, "gradient_accumulation_steps": accumulation,
                            "gradient_sum": "tree", "save_steps": 1})
     if not group.is_main:
         return
+    scaling, exact = summarize(scaling), summarize(exact)
     result = {"gpus": ranks, "step_s": scaling["step_s"], "tokens_per_s": scaling["trained_tokens"] / scaling["step_s"],
               "scaling": scaling, "exact_mismatch_max": exact["mismatch_max"]}
     baseline = out / "result-1.json"
@@ -98,8 +96,8 @@ def main() -> None:
         result["exact_mismatch_max_1_gpu"] = one["exact_mismatch_max"]
     (out / f"result-{ranks}.json").write_text(json.dumps(result, indent=1))
     line = (f"R1 on {ranks} GPU{'s' * (ranks > 1)}: {result['step_s']:.2f} s/step (generate "
-            f"{scaling['time/generate']:.2f}, train {scaling['time/train']:.2f}), {result['tokens_per_s']:,.0f} "
-            f"trained tokens/s, peak {scaling['peak_gib']:.1f} GiB per GPU")
+            f"{scaling['generate']:.2f}, train {scaling['train']:.2f}), {result['tokens_per_s']:,.0f} "
+            f"trained tokens/s, peak {scaling['trainer_peak_gib']:.1f} GiB per GPU")
     if "against_1_gpu" in result:
         a = result["against_1_gpu"]
         line += (f"; scaling efficiency {result['scaling_efficiency']:.1%}; one step of the 1-GPU batch: master "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 
 import ml_dtypes
 import numpy as np
@@ -124,7 +125,7 @@ def rope_case(rng, tokens: int):
 
 def rope_then_store(rotate, cache, slots):
     """The unfused decode path: qk_norm_rope, then store_kv of its k and v."""
-    from barerl.backend import cuda
+    from barerl.ops import cuda
 
     out = cuda.qk_norm_rope(*rotate)[0]
     kv = out[:, H * D :].reshape(-1, 2, K, D)
@@ -137,9 +138,9 @@ def main() -> None:
     args = parser.parse_args()
     import cupy
 
-    from barerl.backend import cuda
-    from barerl.kernels import paged_attention
-    from barerl.kernels.paged_attention import num_splits
+    from barerl.ops import cuda
+    paged_attention = importlib.import_module("barerl.ops.cuda.paged_attention")  # the module, not the op
+    num_splits = paged_attention.num_splits
 
     rng = np.random.default_rng(0)
     bandwidth = copy_bandwidth()

@@ -59,7 +59,7 @@ def weight_copies(w) -> list:
     """w and copies of it spanning cuBLASLt's _COLD_BYTES in all (the same rotation as its cold tuning)."""
     import cupy
 
-    from barerl.kernels import cublaslt
+    from barerl.ops.cuda import cublaslt
 
     count = min(cublaslt._COLD_MAX_COPIES, -(-cublaslt._COLD_BYTES // w.nbytes))
     copies = [w] + [w.copy() for _ in range(count - 1)]
@@ -96,9 +96,9 @@ def lt_variants(case: str, rows: int, call, flops: float, nbytes: int, count: in
 def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> list[dict]:
     import cupy
 
-    from barerl.kernels import cublaslt
-    from barerl.kernels.cublas import gemm
-    from barerl.kernels.linear import linear
+    from barerl.ops.cuda import cublaslt
+    from barerl.ops.cuda.cublas import gemm
+    from barerl.ops.cuda.linear import linear
 
     x, w = rand((rows, k)), rand((n, k), scale=0.02)
     residual = rand((rows, n)) if has_residual else None
@@ -130,8 +130,8 @@ def forward_rows(rows: int, name: str, n: int, k: int, has_residual: bool) -> li
 def backward_rows(rows: int, name: str, n: int, k: int) -> list[dict]:
     import cupy
 
-    from barerl.kernels import cublaslt
-    from barerl.kernels.cublas import gemm
+    from barerl.ops.cuda import cublaslt
+    from barerl.ops.cuda.cublas import gemm
 
     dy, w, x = rand((rows, n)), rand((n, k), scale=0.02), rand((rows, k))
     flops, nbytes = 2.0 * rows * n * k, 2 * (dy.size + w.size + x.size)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 
 import ml_dtypes
 import numpy as np
@@ -74,7 +75,7 @@ def ceilings() -> tuple[float, float]:
     """(copy GB/s counting read + write, bf16 GEMM TFLOP/s), measured now."""
     import cupy
 
-    from barerl.kernels.cublas import gemm
+    from barerl.ops.cuda.cublas import gemm
 
     src = cupy.random.standard_normal(512 << 20 >> 2, dtype=np.float32)  # 512 MiB, far past L2
     dst = cupy.empty_like(src)
@@ -90,8 +91,8 @@ def cases():
     """(name, shape text, fn, bytes moved, FLOPs) of each op at T1 shapes."""
     import cupy
 
-    from barerl.backend import cuda
-    from barerl.kernels import flash_attention
+    from barerl.ops import cuda
+    flash_attention = importlib.import_module("barerl.ops.cuda.attention")  # the launchers' module
 
     x, w_norm = rand((T, C)), rand((C,))
     y, rstd = cuda.rmsnorm(x, w_norm, 1e-6)
@@ -256,12 +257,12 @@ def cases():
 
 
 def main() -> None:
-    import cupy
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="also write the table to this CSV file")
     parser.add_argument("--only", default="", help="only ops whose name contains this")
     args = parser.parse_args()
+    import cupy
+
     copy_gbs, gemm_tflops = ceilings()
     print(
         f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: copy {copy_gbs:.0f} GB/s, "

@@ -1,5 +1,5 @@
 """Attention kernels at T1 shape (16 x 1152, H16 K8 D128): one forward and one backward launch for a profiler
-(`ncu -k regex:flash_attention`), then torch's SDPA flash kernels on the same data as a peer, timed.
+(`ncu -k regex:flash_attention_forward`), then torch's SDPA flash kernels on the same data as a peer, timed.
 
 --paged instead times paged attention's decode cases (G1, G1 ragged, G2, one 32k sequence, G1 with each prompt's blocks shared by its 8 samples) for each cp.async
 pipeline shape UNROLL,STAGES given (none given: paged_attention.py's _UNROLL, _STAGES, which
@@ -13,6 +13,7 @@ usage: PYTHONPATH=src python bench/profile_attention.py [--peer]
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import numpy as np
 from bench_kernels import BF16, D, H, K, timed
@@ -34,7 +35,7 @@ def main() -> None:
 def flash(with_peer: bool) -> None:
     import cupy
 
-    from barerl.backend import cuda
+    from barerl.ops import cuda
 
     T = SEQS * L
     qkv = (cupy.random.standard_normal((T, (H + 2 * K) * D), dtype=np.float32)).astype(BF16)
@@ -54,10 +55,9 @@ def flash(with_peer: bool) -> None:
 
 def paged(shapes: list[tuple[int, int]]) -> None:
     """Decode paged attention per pipeline shape; an empty list times paged_attention.py's own."""
+    from barerl.ops import cuda
+    paged_attention = importlib.import_module("barerl.ops.cuda.paged_attention")  # the launchers' module
     from bench_decode_kernels import BLOCK, attention_case, gpu_ms
-
-    from barerl.backend import cuda
-    from barerl.kernels import paged_attention
 
     rng = np.random.default_rng(0)
     contexts = {"G1 64 x 640": np.full(64, 640), "G1 ragged 64 x 128..1152": rng.integers(128, 1153, 64),

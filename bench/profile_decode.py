@@ -14,7 +14,7 @@ import argparse
 from collections import defaultdict
 
 import numpy as np
-from bench_train_step import QWEN3_06B
+from common import QWEN3_06B
 from op_proxy import OpProxy
 
 
@@ -129,7 +129,7 @@ def main() -> None:
 
     weights = cfg.num_parameters() * 2
     kv_read = args.seqs * (args.context + 1) * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    floor_ms = (weights + kv_read) / 4.17e12 * 1e3  # the copy rate bench_generate measured on the H200
+    floor_ms = (weights + kv_read) / 4.17e12 * 1e3  # the copy rate generate_barerl.py measured on the H200
     print(f"decode step, {args.seqs} seqs x {args.context} context: graph replay {full_ms:.3f} ms, HBM floor "
           f"{floor_ms:.3f} ms (weights {weights / 1e9:.2f} GB + KV {kv_read / 1e9:.2f} GB at 4.17 TB/s)")
     print(f"{'op (left out of the graph)':28s} {'calls':>6s} {'ms saved':>9s} {'us/call':>8s} {'share':>7s}")

@@ -16,11 +16,8 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from bench_train_step import QWEN3_06B, matmul_rate
+from common import QWEN3_06B, TINY, ceilings
 from op_proxy import OpProxy
-
-TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
 
 
 def attention_flops(q, cu_seqlens, backward: bool) -> float:
@@ -142,11 +139,7 @@ def main() -> None:
     model.ops = backend
     per_op = timed.report()
 
-    ceiling = float("nan")
-    if gpu:
-        import cupy
-
-        ceiling = matmul_rate(cupy)
+    ceiling = ceilings("cupy")["matmul_tflops"] if gpu else float("nan")
     total = sum(ms for ms, _, _ in per_op.values())
     print(f"micro-batch {seqs} x {seqlen} tokens, forward + backward with recomputation: {plain_ms:.1f} ms "
           f"(ops timed one by one: {total:.1f} ms); bf16 matrix ceiling {ceiling:.0f} TFLOP/s")

@@ -1,11 +1,11 @@
-"""Reward parity (issue 6): the same starting checkpoint, task, reward and hyperparameters trained with barerl
+"""Reward parity: the same starting checkpoint, task, reward and hyperparameters trained with barerl
 and with TRL's GRPOTrainer, several seeds each; mean reward per step with a band, final reward and
 wall-clock per system.
 
 One run per process (so peak memory and warm-up are each system's own), then a plot:
 
     python bench/reward_parity.py run --system barerl --task arithmetic --seed 0 --model FOLDER --out DIR
-    python bench/reward_parity.py run --system trl --task arithmetic --seed 0 --model FOLDER --out DIR
+    python bench/reward_parity.py run --system trl [--vllm colocate] --task arithmetic --seed 0 --model FOLDER --out DIR
     python bench/reward_parity.py plot --out DIR
 
 Tasks: `arithmetic` (examples/arithmetic.jsonl, chat prompts, the built-in `math_accuracy` reward; for a chat
@@ -88,27 +88,38 @@ def run_trl(args) -> dict:
     cuda = torch.cuda.is_available() and args.device != "cpu"
     known = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     hp = {k: v for k, v in hyperparameters(args).items() if k in known}  # TRL 1.16 has no max_prompt_length
+    vllm = {"use_vllm": args.vllm == "colocate"}
+    if args.vllm == "colocate":  # TRL's importance-sampling correction against vLLM's log-probs: its default
+        vllm.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.2)
     config = trl.GRPOConfig(
         output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps, bf16=cuda, use_cpu=not cuda,
-        gradient_checkpointing=cuda, use_vllm=False, logging_steps=1, save_strategy="no", report_to="none",
-        **hp,
+        gradient_checkpointing=cuda, logging_steps=1, save_strategy="no", report_to="none", **vllm, **hp,
     )
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=config,
                               train_dataset=datasets.Dataset.from_list(rows),
                               processing_class=transformers.AutoTokenizer.from_pretrained(args.model))
+    mismatch: list[dict] = []
+    if args.vllm == "colocate":
+        from grpo_trl import capture_mismatch
+
+        capture_mismatch(trainer, mismatch)
     trainer.train()
     record = {"rewards": [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]}
     if cuda:
         record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    record["mismatch"] = trl_mismatch(model, trainer.processing_class, rows, hyperparameters(args))
+    if mismatch:  # vLLM's sampling log-probs against TRL's training forward, averaged over the steps
+        record["mismatch"] = {key: (max if key == "max" else np.mean)([m[key] for m in mismatch])
+                              for key in ("max", "mean", "p99", "kl")}
+    else:
+        record["mismatch"] = trl_mismatch(model, trainer.processing_class, rows, hyperparameters(args))
     return record
 
 
 def trl_mismatch(model, tokenizer, rows: list[dict], hp: dict) -> dict:
     """TRL keeps no generation-time log-probs without vLLM: sample 8 prompts x 8 completions from the trained
-    model and compare those log-probs with a training-style forward (bench_grpo_trl's measurement)."""
-    from bench_grpo_trl import generation_vs_training_logprobs
+    model and compare those log-probs with a training-style forward (grpo_trl.py's measurement without vLLM)."""
+    from grpo_trl import generation_vs_training_logprobs
 
     prompts = [{"prompt": tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                 if isinstance(r["prompt"], list) else r["prompt"]} for r in rows[:8]]
@@ -128,19 +139,23 @@ def hyperparameters(args) -> dict:
 
 
 def run_dir(args) -> Path:
-    return Path(args.out) / f"{args.system}-seed{args.seed}"
+    return Path(args.out) / f"{system_name(args)}-seed{args.seed}"
+
+
+def system_name(args) -> str:
+    return "trl-vllm" if args.system == "trl" and args.vllm == "colocate" else args.system
 
 
 def run(args) -> None:
     start = time.perf_counter()
-    record = {"system": args.system, "seed": args.seed, "task": args.task, "model": args.model,
+    record = {"system": system_name(args), "seed": args.seed, "task": args.task, "model": args.model,
               **(run_barerl if args.system == "barerl" else run_trl)(args),
               "seconds": time.perf_counter() - start, "hyperparameters": hyperparameters(args)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out) / f"{args.system}-seed{args.seed}.json", "w") as f:
+    with open(Path(args.out) / f"{system_name(args)}-seed{args.seed}.json", "w") as f:
         json.dump(record, f, indent=1)
     rewards = record["rewards"]
-    print(f"{args.system} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s"
+    print(f"{record['system']} seed {args.seed}: reward {rewards[0]:.3f} -> {rewards[-1]:.3f} in {record['seconds']:.0f} s"
           + (f", peak {record['peak_gib']:.1f} GiB" if "peak_gib" in record else "")
           + ", log-prob mismatch " + ", ".join(f"{k} {float(v):.3g}" for k, v in record["mismatch"].items()),
           flush=True)
@@ -191,6 +206,7 @@ def main() -> None:
     p.add_argument("--model", required=True, help="folder to write")
     p = sub.add_parser("run", help="one training run of one system")
     p.add_argument("--system", required=True, choices=("barerl", "trl"))
+    p.add_argument("--vllm", default="off", choices=("off", "colocate"), help="TRL's generation: vLLM colocated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--model", required=True, help="Hugging Face folder")

@@ -1,15 +1,15 @@
-"""The head-to-head suite (issue 6) in one command: every workload for barerl and its peers on this GPU, then a
-table, a CSV and a chart.
+"""The head-to-head suite: run the workload scripts by stage, file what they wrote as recorded runs, and build
+the README's table and chart from the latest recorded runs.
 
-    PYTHONPATH=src python bench/run_all.py run [--out bench_out] [--workloads G1 G2 T1 R1]
-    PYTHONPATH=src python bench/run_all.py report --out DIR      # table, CSV, PNG from results already there
+    python bench/run_all.py run STAGE... --out DIR [--quick]     # each script in its own process, logs in DIR
+    python bench/run_all.py record DIR --commit SHA [--date D]   # DIR's records -> bench/results/<workload>/
+    python bench/run_all.py report                               # table + chart from the latest runs
 
-`run` calls the workload scripts, each in its own process (so every system's peak memory and warm-up are its
-own): bench_generate.py (G1/G2, barerl and transformers' generate), bench_train_step.py (T1, barerl and
-torch + transformers), bench_grpo_step.py and bench_grpo_trl.py (R1, barerl and TRL's GRPOTrainer; TRL needs
-trl and datasets installed). `report` reads what they wrote (generate.csv, t1.json, r1.json, r1_trl.json;
-a workload whose files are missing is left out), so results of several device calls can be merged.
-vLLM is not among the peers: it cannot be installed on the measuring machine (see README, Benchmarks).
+Stages (STAGES below) group the scripts that fit one timed step each; `bench/gpu_run.sh` runs them on the GPU
+machine with the packages each needs. A recorded run is `bench/results/<workload>/<date>-<commit>/`: the JSON
+records of every system in it (common.write_record), the logs of the scripts that wrote them and
+`commands.txt`; `history.csv` beside the runs has one line per run (barerl against the workload's principal
+peer). The report pairs barerl with each peer as PAIRS says: settings of equal work side by side.
 """
 
 from __future__ import annotations
@@ -17,116 +17,222 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = {  # workload: commands, each writing its results under the output folder
-    "G1": [["bench_generate.py", "--workloads", "G1", "--csv", "{out}/generate_G1.csv"]],
-    "G2": [["bench_generate.py", "--workloads", "G2", "--csv", "{out}/generate_G2.csv"]],
-    "T1": [["bench_train_step.py", "--json", "{out}/t1.json"]],
-    # R1 in the setting below TRL's memory (README, Benchmarks): batch_invariant off, 16 decode steps per launch,
-    # 55% of the optimizer state in host memory
-    "R1": [["bench_grpo_step.py", "--batch-invariant", "off", "--num-scheduler-steps", "16", "--offload-optimizer",
-            "0.55", "--json", "{out}/r1.json"], ["bench_grpo_trl.py", "--json", "{out}/r1_trl.json"]],
+RESULTS = HERE / "results"
+MODEL = "/tmp/bench-model"  # the peers' model folder (make_model.py); --quick makes a tiny one beside it
+# stage: steps of (name, script and arguments, timeout in seconds, arguments to retry with if it fails)
+STAGES = {
+    "gen_barerl": [("make_model", ["make_model.py", "{model}"], 120, None),
+                   ("generate_barerl", ["generate_barerl.py", "--model", "{model}"], 300, None)],
+    "gen_vllm": [("make_model", ["make_model.py", "{model}"], 120, None),
+                 ("generate_vllm", ["generate_vllm.py", "--model", "{model}"], 400, None)],
+    "gen_hf": [("generate_transformers_compiled", ["generate_transformers.py", "--setting", "compiled"], 420, None)],
+    "gen_hf_default": [("generate_transformers_default", ["generate_transformers.py", "--setting", "default"], 300,
+                        None)],
+    "t1": [("train_barerl", ["train_barerl.py"], 200, None),
+           ("train_torch", ["train_torch.py", "--rows", "full", "attention", "full:bf16"], 300, None)],
+    "t1_tuned": [("train_torch_tuned", ["train_torch.py", "--rows", "full+liger+compile"], 420,
+                  ["--rows", "full+liger+compile:bf16"])],  # bf16 weights if Liger refuses autocast's mix
+    "r1": [("make_model", ["make_model.py", "{model}"], 120, None),
+           ("grpo_barerl", ["grpo_barerl.py", "--model", "{model}"], 180, None),
+           ("grpo_barerl_invariant_off", ["grpo_barerl.py", "--model", "{model}", "--batch-invariant", "off"], 180,
+            None)],
+    "r1_trl_vllm": [("make_model", ["make_model.py", "{model}"], 120, None),
+                    ("grpo_trl_vllm", ["grpo_trl.py", "--model", "{model}"], 420,
+                     ["--vllm-gpu-memory-utilization", "0.3"])],  # TRL's default if the smallest fit fails
+    "r1_trl": [("make_model", ["make_model.py", "{model}"], 120, None),
+               ("grpo_trl", ["grpo_trl.py", "--model", "{model}", "--vllm", "off"], 480, None)],
 }
-FIELDS = ["workload", "metric", "barerl", "peer", "peer_value", "ratio", "barerl_peak_gib", "peer_peak_gib", "notes"]
+METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "T1": ("step_s", False), "R1": ("step_s", False)}
+GENERATION_PAIRS = [("barerl", "vllm"), ("barerl", "transformers-compiled"), ("barerl", "transformers-default")]
+PAIRS = {  # (barerl record, peer record): settings of the same work; the first present is the principal one
+    "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS,
+    "T1": [("barerl-keep-none", "torch-full"), ("barerl-keep-attention", "torch-attention"),
+           ("barerl-keep-attention", "torch-full-liger-compile"), ("barerl-keep-attention", "torch-full-liger-compile-bf16"),
+           ("barerl-keep-attention", "torch-full-bf16")],
+    "R1": [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl")],
+}
+HISTORY_FIELDS = ["date", "commit", "run", "metric", "barerl", "barerl_setting", "peer", "peer_value", "ratio"]
 
 
-def run(out: Path, workloads: list[str]) -> None:
+def run(stages: list[str], out: Path, quick: bool, deadline: float | None) -> None:
+    """Each step of each stage in its own process, within its timeout and the deadline; a failure is logged
+    and the next step runs."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in workloads:
-        for command in SCRIPTS[name]:
-            args = [a.format(out=out) for a in command]
-            print(f"=== {name}: {' '.join(args)}", flush=True)
-            done = subprocess.run([sys.executable, str(HERE / args[0]), *args[1:]], cwd=HERE, check=False)
-            if done.returncode:
-                print(f"{name}: {args[0]} failed (exit {done.returncode}); its row is left out", flush=True)
+    model = MODEL + ("-quick" if quick else "")
+    for stage in stages:
+        for name, argv, timeout, retry in STAGES[stage]:
+            args = [a.format(model=model) for a in argv] + (["--quick"] if quick else [])
+            args += [] if name == "make_model" else ["--out", str(out)]
+            rc = run_step(name, args, timeout, out, deadline)
+            if rc and retry:
+                run_step(f"{name}_retry", args + retry, timeout, out, deadline)
 
 
-def generation_rows(out: Path) -> list[dict]:
-    rows = []
-    for path in sorted(out.glob("generate*.csv")):
-        with open(path) as f:
-            by_key = {(r["workload"], r["system"]): r for r in csv.DictReader(f)}
-        for (workload, system), r in by_key.items():
-            if system != "barerl":
-                continue
-            peer = by_key.get((workload, "transformers"))
-            rows.append(row(workload, "new tokens/s (higher is better)", float(r["new_tok_s"]), "transformers generate",
-                            _number(peer, "new_tok_s"), higher_is_better=True, barerl_peak=_number(r, "peak_gib"),
-                            peer_peak=_number(peer, "peak_gib"),
-                            notes=f"{100 * float(r['of_hbm_bound']):.0f}% of the HBM bound"))
-    return rows
+def run_step(name: str, args: list[str], timeout: float, out: Path, deadline: float | None) -> int:
+    left = timeout if deadline is None else min(timeout, deadline - time.time())
+    command = " ".join(["python", f"bench/{args[0]}", *args[1:]])
+    if left < 10:
+        print(f"=== {name}: skipped, {left:.0f} s left before the deadline", flush=True)
+        return 1
+    print(f"=== {name} ({time.strftime('%H:%M:%S')}, at most {left:.0f} s): {command}", flush=True)
+    start = time.time()
+    with open(out / f"{name}.log", "w") as log:
+        # a process group of its own: a timeout ends the script's workers too (vLLM's engine core), so they
+        # hold no GPU memory into the next step
+        child = subprocess.Popen([sys.executable, str(HERE / args[0]), *args[1:]], cwd=HERE.parent, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = child.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            rc = 124
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:  # no process of the group is left
+                pass
+            child.wait()
+    seconds = time.time() - start
+    with open(out / "commands.txt", "a") as f:
+        f.write(f"{command}\t# rc={rc} {seconds:.0f} s\n")
+    lines = (out / f"{name}.log").read_text(errors="replace").splitlines()
+    shown = [line for line in lines if line.startswith(("G1 ", "G2 ", "T1 ", "R1 ", "vLLM "))] or lines[-8:]
+    print("\n".join(line[:300] for line in shown[-12:]), flush=True)
+    print(f"--- {name}: rc={rc}, {seconds:.0f} s", flush=True)
+    return rc
 
 
-def _number(record: dict | None, key: str) -> float | None:
-    """A CSV field as a float; None when the record or the value is missing (a peer that did not run)."""
-    return float(record[key]) if record and record.get(key) else None
+def load_records(folder: Path) -> list[dict]:
+    """The records of one run (files of another form, kept from older runs, are left out)."""
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return [r for r in found if isinstance(r, dict) and {"workload", "name", "metrics"} <= r.keys()]
 
 
-def training_rows(out: Path) -> list[dict]:
-    """T1's fastest barerl row (bench_train_step.py writes one per --keep set) against torch + transformers."""
-    path = out / "t1.json"
-    if not path.exists():
-        return []
-    rows = json.loads(path.read_text())["rows"]
-    ours = min((r for r in rows if r["system"].startswith("barerl")), key=lambda r: r["step_s"])
-    peer = next((r for r in rows if r["system"] == "torch+transformers"), None)
-    setting = ours["system"].removeprefix("barerl").strip(", ")
-    return [row("T1", "s/step (lower is better)", ours["step_s"], "torch + transformers",
-                peer["step_s"] if peer else None, higher_is_better=False, barerl_peak=ours["peak_gib"],
-                peer_peak=peer["peak_gib"] if peer else None,
-                notes=f"MFU {100 * ours['mfu']:.1f}%" + (f", {setting}" if setting else ""))]
+def record(source: Path, commit: str, day: str | None, results: Path) -> None:
+    """File `source`'s records (and the logs and commands that made them) under results/<workload>/."""
+    by_workload: dict[str, list[Path]] = {}
+    for path in sorted(source.glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "workload" in data:  # a record (common.write_record), not another file
+            by_workload.setdefault(data["workload"], []).append(path)
+    if not by_workload:
+        raise SystemExit(f"record: no JSON records in {source}")
+    for workload, paths in by_workload.items():
+        day_of_run = day or json.loads(paths[0].read_text())["date"]
+        folder = results / workload / f"{day_of_run}-{commit}"
+        folder.mkdir(parents=True, exist_ok=True)
+        logs = [p for p in source.glob("*.log") if f'"workload": "{workload}"' in p.read_text(errors="replace")]
+        for path in [*paths, *logs]:  # the records and the logs of the scripts that wrote them
+            shutil.copy2(path, folder / path.name)
+        for path in source.glob("*.txt"):  # commands, GPU: appended, so that a run filed in parts keeps all
+            with open(folder / path.name, "a") as f:
+                f.write(path.read_text())
+        append_history(workload, folder)
+        print(f"recorded {workload}: {folder}")
 
 
-def grpo_rows(out: Path) -> list[dict]:
-    if not (out / "r1.json").exists():
-        return []
-    ours = json.loads((out / "r1.json").read_text())
-    peer = json.loads((out / "r1_trl.json").read_text()) if (out / "r1_trl.json").exists() else None
-
-    def phases(r):
-        return "/".join(f"{r[f'time/{k}']:.2f}" for k in ("generate", "score", "train"))
-
-    notes = f"{ours['system']}; generate/score/train s: barerl {phases(ours)}" + (f", TRL {phases(peer)}" if peer else "")
-    return [row("R1", "s/step (lower is better)", ours["step_s"], peer["system"] if peer else "TRL",
-                peer["step_s"] if peer else None, higher_is_better=False, barerl_peak=ours.get("peak_gib"),
-                peer_peak=peer.get("peak_gib") if peer else None, notes=notes)]
+def pairs_of(workload: str, records: list[dict]) -> list[tuple[dict, dict | None]]:
+    """(barerl, peer) record pairs present in one run, in PAIRS' order; barerl alone if no peer ran."""
+    by_name = {r["name"]: r for r in records}
+    found = [(by_name[a], by_name[b]) for a, b in PAIRS.get(workload, []) if a in by_name and b in by_name]
+    return found or [(r, None) for r in records if r["name"].startswith("barerl")][:1]
 
 
-def row(workload, metric, ours, peer, peer_value, higher_is_better, barerl_peak, peer_peak, notes) -> dict:
-    ratio = None
-    if peer_value:
-        ratio = ours / peer_value if higher_is_better else peer_value / ours
-    return {"workload": workload, "metric": metric, "barerl": ours, "peer": peer, "peer_value": peer_value,
-            "ratio": ratio, "barerl_peak_gib": barerl_peak, "peer_peak_gib": peer_peak, "notes": notes}
+def ratio(workload: str, ours: float, peer: float | None) -> float | None:
+    higher_is_better = METRIC[workload][1]
+    return None if not peer else ours / peer if higher_is_better else peer / ours
 
 
-def fmt(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
-
-
-def report(out: Path) -> list[dict]:
-    rows = generation_rows(out) + training_rows(out) + grpo_rows(out)
-    if not rows:
-        raise SystemExit(f"{out}: no results (generate*.csv, t1.json, r1.json) to report")
-    header = ["workload", "metric", "barerl", "peer", "peer", "barerl speed-up", "peak GiB barerl / peer", "notes"]
-    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for r in rows:
-        speedup = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
-        print(f"| {r['workload']} | {r['metric']} | {fmt(r['barerl'])} | {r['peer']} | {fmt(r['peer_value'])} | "
-              f"{speedup} | {fmt(r['barerl_peak_gib'])} / {fmt(r['peer_peak_gib'])} | {r['notes']} |")
-    with open(out / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+def append_history(workload: str, folder: Path) -> None:
+    pairs = pairs_of(workload, load_records(folder))
+    if not pairs:
+        return
+    ours, peer = pairs[0]
+    key = METRIC[workload][0]
+    path = folder.parent / "history.csv"
+    rows = [r for r in read_history(path) if r["run"] != folder.name]  # a run filed again moves to the end
+    commit = folder.name.split("-", 3)[-1]
+    rows.append({"date": ours["date"], "commit": commit, "run": folder.name, "metric": key,
+                 "barerl": ours["metrics"][key], "barerl_setting": ours.get("label", ours["name"]),
+                 "peer": peer and peer["system"], "peer_value": peer and peer["metrics"][key],
+                 "ratio": ratio(workload, ours["metrics"][key], peer and peer["metrics"][key])})
+    with open(path, "w", newline="") as f:  # in the order the runs were filed: the last is the latest
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    chart(rows, out / "summary.png")
-    print(f"\nwrote {out / 'summary.csv'} and {out / 'summary.png'}")
+
+
+def read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def runs_newest_first(results: Path, workload: str) -> list[Path]:
+    """The runs in the order they were filed, newest first (history.csv; commits do not sort by time)."""
+    return [results / workload / r["run"] for r in reversed(read_history(results / workload / "history.csv"))]
+
+
+def table_rows(results: Path) -> list[dict]:
+    """Per workload and pair of PAIRS: the newest run that holds both records (barerl and that peer)."""
+    rows = []
+    for workload, pairs in PAIRS.items():
+        key, runs = METRIC[workload][0], [(f, load_records(f)) for f in runs_newest_first(results, workload)]
+        for pair in pairs:
+            found = next(((f, rs) for f, rs in runs if pair in [(a["name"], b["name"]) for a, b in pairs_of(workload, rs)
+                                                                if b]), None)
+            if found is None:
+                continue
+            folder, records = found
+            ours, peer = (next(r for r in records if r["name"] == name) for name in pair)
+            rows.append({"workload": workload, "run": folder.name, "barerl": ours["metrics"][key],
+                         "barerl_setting": ours.get("label", ours["name"]), "peer": peer["system"],
+                         "peer_setting": peer.get("label", peer["name"]), "peer_value": peer["metrics"][key],
+                         "peer_name": peer["name"],
+                         "ratio": ratio(workload, ours["metrics"][key], peer["metrics"][key]),
+                         "barerl_gib": peak(ours), "peer_gib": peak(peer)})
     return rows
+
+
+def peak(record: dict) -> float | None:
+    m = record["metrics"]
+    keys = ("peak_gib", "trainer_peak_gib", "torch_max_reserved_gib", "engine_peak_gib", "pool_gib", "torch_max_allocated_gib")
+    return next((m[k] for k in keys if m.get(k)), None)
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}f}"
+
+
+def report(results: Path) -> None:
+    rows = table_rows(results)
+    if not rows:
+        raise SystemExit(f"report: no recorded runs under {results}")
+    units = {"new_tok_s": "new tok/s", "step_s": "s"}
+    header = ["workload", "barerl (setting)", "peer (setting)", "barerl", "peer", "barerl speed-up",
+              "peak GiB barerl / peer", "run"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        unit = units[METRIC[r["workload"]][0]]
+        speedup = f"**{r['ratio']:.2f}x**" if r["ratio"] else "-"
+        lines.append(f"| {r['workload']} | {r['barerl_setting']} | {r['peer']}, {r['peer_setting']} | "
+                     f"{fmt(r['barerl'])} {unit} | {fmt(r['peer_value'])} {unit} | {speedup} | "
+                     f"{fmt(r['barerl_gib'], 1)} / {fmt(r['peer_gib'], 1)} | {r['run']} |")
+    (results / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    chart(rows, results / "summary.png")
+    print(f"\nwrote {results / 'summary.md'} and {results / 'summary.png'}")
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -136,11 +242,14 @@ def chart(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in rows if r["ratio"]]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar([f"{r['workload']}\nvs {r['peer']}" for r in shown], [r["ratio"] for r in shown], color="#3b75af")
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    short = {"vllm": "vLLM", "transformers-compiled": "transformers\ncompiled", "trl-vllm": "TRL + vLLM",
+             "transformers-default": "transformers\ndefault", "trl": "TRL"}
+    labels = [f"{r['workload']} vs\n{short.get(r['peer_name'], r['peer_name'].split('-')[0])}" for r in shown]
+    bars = ax.bar(labels, [r["ratio"] for r in shown], color="#3b75af")
     ax.bar_label(bars, labels=[f"{r['ratio']:.1f}x" for r in shown])
     ax.axhline(1.0, color="grey", lw=1)
-    ax.set_ylabel("barerl speed-up (same GPU)")
+    ax.set_ylabel("barerl speed-up (same GPU, same run)")
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -149,16 +258,26 @@ def chart(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run the workloads, then report")
-    p.add_argument("--out", default="bench_out")
-    p.add_argument("--workloads", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
-    p = sub.add_parser("report", help="table, CSV and chart from results already written")
-    p.add_argument("--out", default="bench_out")
+    p = sub.add_parser("run", help="run stages of workload scripts")
+    p.add_argument("stages", nargs="+", choices=list(STAGES))
+    p.add_argument("--out", required=True, help="folder for the records and logs")
+    p.add_argument("--quick", action="store_true", help="every script's CPU smoke test")
+    p.add_argument("--deadline", type=float, default=float(os.environ.get("BENCH_DEADLINE") or 0) or None,
+                   help="epoch seconds by which every step has ended (default: $BENCH_DEADLINE)")
+    p = sub.add_parser("record", help="file a folder of records as recorded runs")
+    p.add_argument("source")
+    p.add_argument("--commit", required=True, help="the commit the records were measured at")
+    p.add_argument("--date", default=None, help="default: the records' own date")
+    p = sub.add_parser("report", help="the README's table and chart from the latest recorded runs")
+    for p in sub.choices["record"], sub.choices["report"]:
+        p.add_argument("--results", default=str(RESULTS), help="the recorded runs' root (default bench/results)")
     args = parser.parse_args()
-    out = Path(args.out).resolve()
     if args.command == "run":
-        run(out, args.workloads)
-    report(out)
+        run(args.stages, Path(args.out).resolve(), args.quick, args.deadline)
+    elif args.command == "record":
+        record(Path(args.source), args.commit, args.date, Path(args.results))
+    else:
+        report(Path(args.results))
 
 
 if __name__ == "__main__":

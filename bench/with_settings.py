@@ -1,7 +1,7 @@
-"""Run a script with module attributes set first: A/B of a knob in one device call, no code edited.
+"""Run a script with module attributes set first: an A/B of a knob in one run, no code edited.
 
-    python bench/with_settings.py barerl.kernels.paged_attention._UNSPLIT_CTAS_PER_SM=4 -- bench/bench_generate.py --no-peer
-    python bench/with_settings.py barerl.backend.cuda.rmsnorm=@barerl.backend.ref.nn.rmsnorm -- ...
+    python bench/with_settings.py barerl.ops.cuda.paged_attention._UNSPLIT_CTAS_PER_SM=4 -- bench/generate_barerl.py --workloads G1
+    python bench/with_settings.py barerl.ops.cuda.rmsnorm=@barerl.ops.ref.rmsnorm.rmsnorm -- ...
 
 A value is a Python literal, or `@module.attr` for another object (a function, say).
 """

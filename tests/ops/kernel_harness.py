@@ -94,7 +94,7 @@ def assert_close(name: str, out, ref, dtype, tol: float | None = None) -> None:
     tol = TOLERANCE[np.dtype(dtype)] if tol is None else tol
     max_abs, rel = errors(out, ref)
     print(f"{name}: max abs {max_abs:.3e}, rel {rel:.3e} (tol {tol:.0e})")
-    if os.environ.get("BARERL_ERROR_LOG"):  # bench/gpu_check.sh collects every comparison for the report
+    if os.environ.get("BARERL_ERROR_LOG"):  # bench/gpu_run.sh stage tests collects every comparison
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
         with open(os.environ["BARERL_ERROR_LOG"], "a") as log:
             log.write(f"{test}\t{name}\t{max_abs:.3e}\t{rel:.3e}\t{tol:.0e}\n")

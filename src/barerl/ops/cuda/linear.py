@@ -4,7 +4,7 @@ The forward runs on cuBLASLt (ops/cuda/cublaslt.py): the residual is its C opera
 epilogue, so one kernel writes the output, rounded once (the reference sums in fp32 too; the residual
 enters as bf16, as in the reference). Decode-sized products take cuBLASLt's algorithm timed cold (see
 cublaslt.py); a split-K path of our own (fp32 parts from a batched GEMM, summed by a kernel) was measured
-slower on the H200 in whole decode steps (docs/LOG.md) and removed. Weight gradients
+slower on the H200 in whole decode steps (docs/LOG.md, a582e38) and removed. Weight gradients
 accumulate with beta = 1 into `dw` in its own dtype (fp32 grads: no rounding of the sum); the bias gradient
 is a GEMM with a ones vector.
 """

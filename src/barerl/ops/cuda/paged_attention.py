@@ -14,7 +14,7 @@ Design decisions:
   launch is the same in every replay of a CUDA graph: enough CTAs to give every SM several, each part at
   least _MIN_SPLIT_TOKENS long for the widest possible context. Parts past a short context are empty.
 - The cache's geometry (kv heads, block size) is compiled in, one build per model and block size, so a key's
-  address costs no division: the loop was issue-bound as much as memory-bound (docs/LOG.md, decode attention).
+  address costs no division: the loop was issue-bound as much as memory-bound (docs/LOG.md, 1648e5b).
 - Shapes the kernel does not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
   heads per kv head) run the reference code on the same CuPy arrays.
 """
@@ -34,8 +34,8 @@ from barerl.ops.cuda.launch import contiguous, multiprocessors, require, reserve
 
 _THREADS = 128
 _CTAS_PER_SM = 4  # split target, measured on the H200: 4 beats 2, 8 and 16 on 1 sequence x 32k
-# no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2, 50.4 in 2 with the UNROLL 2
-# ring that fits them in one wave (docs/LOG.md, decode attention)
+# no split once T x K gives each SM this many: G1 (64 x 8) 44.8 us unsplit, 54.0 in 2 (4feb27a), 50.4 in 2 with
+# the UNROLL 2 ring that fits them in one wave (f01d4a1)
 _UNSPLIT_CTAS_PER_SM = 2
 _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
@@ -52,7 +52,7 @@ def _supported(head_dim: int, group: int, cache_dtype) -> bool:
 def num_splits(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
     """Parts per query token: fill the GPU when T x K alone does not, never parts under _MIN_SPLIT_TOKENS.
     A split costs a combine pass and a second wave of short CTAs, so T x K of a couple of CTAs per SM stays
-    whole (docs/LOG.md, decode attention)."""
+    whole (docs/LOG.md, 4feb27a)."""
     work = num_tokens * num_kv_heads
     if work >= _UNSPLIT_CTAS_PER_SM * multiprocessors():
         return 1
