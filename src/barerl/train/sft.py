@@ -28,6 +28,7 @@ from barerl.train.data import (
     train_eval_split,
 )
 from barerl.train.losses import sft_loss, sft_token_grad
+from barerl.train.memory_check import plan_run
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -83,6 +84,7 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     sampler = EpochSampler(len(examples), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
     steps_per_epoch = _steps_per_epoch(cfg, examples)
     total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, steps_per_epoch)
+    plan_run(cfg, model, show=show_progress)  # before the model and the optimizer state exist
     run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
     data_state = run.resume()
     if data_state:
