@@ -1,27 +1,29 @@
-"""Workloads G1 and G2 (shared/WORKLOADS.md): generation on the Qwen3-0.6B architecture, random bf16 weights.
+"""Workloads G1, G2 and G3 (shared/WORKLOADS.md): generation with random bf16 weights (sizes: bench/shapes.py).
 
-G1: 8 prompts x 8 samples (64 sequences), 128-token prompts, 1,024 new tokens each; G2: 256 prompts x 1
-sample, 128-token prompts, 512 new tokens. Temperature 1, ignore EOS, so every sequence runs to its length.
+G1: Qwen3-0.6B, 8 prompts x 8 samples (64 sequences), 128-token prompts, 1,024 new tokens each; G2: 256 prompts x
+1 sample, 128-token prompts, 512 new tokens; G3: Qwen3-4B, 8 x 8, 256-token prompts, 4,096 new tokens. `--shape`
+runs a workload's sizes on another model shape. Temperature 1, ignore EOS, so every sequence runs to its length.
 barerl's engine (decode replayed from CUDA graphs) and transformers' `generate` (the peer, warmed up with a
 call of the same shape first) run in the same process on the same GPU. Prints new tokens/s, ms per decode
-step, peak GPU memory, the fraction of the HBM-bandwidth bound reached (weights + live KV read once per step
-over the device-to-device copy bandwidth measured here) and barerl / transformers; writes the rows as CSV.
+step, peak GPU memory, the fraction of the HBM-bandwidth floor reached (weights + live KV read once per step
+over the device-to-device copy bandwidth measured here), the decode's FLOP rate against the bf16 matrix rate
+measured here and the datasheet's, and barerl / transformers; writes the rows as CSV.
 
-    PYTHONPATH=src python bench/bench_generate.py [--workloads G1 G2] [--quick] [--no-peer] [--csv FILE]
-        [--num-scheduler-steps 1 8] [--async-scheduling on off]
+    PYTHONPATH=src python bench/bench_generate.py [--workloads G1 G2 G3] [--shape SHAPE] [--quick] [--no-peer]
+        [--csv FILE] [--num-scheduler-steps 1 8] [--async-scheduling on off]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import time
 
 import numpy as np
-from bench_train_step import QWEN3_06B
+from bench_train_step import matmul_rate
+from shapes import GENERATION, SHAPES, decode_floor_seconds, decode_flops, model_config, utilisation
 
-PROMPT_LEN = 128
-WORKLOADS = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
 DEFAULT_LOOKAHEAD = 8  # the engine's default num_scheduler_steps (EngineConfig)
 
 
@@ -42,28 +44,19 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / float(np.median(times[1:]))
 
 
-def bound_seconds(cfg, num_params: int, seqs: int, new_tokens: int, bandwidth: float) -> float:
-    """Time to read all weights and every live token's K and V once per decode step, at `bandwidth`."""
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    context_tokens = seqs * (new_tokens * PROMPT_LEN + new_tokens * (new_tokens - 1) / 2)
-    return (new_tokens * num_params * 2 + context_tokens * kv_per_token) / bandwidth
-
-
-def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
+def bench_barerl(cfg, prompts: list[list[int]], samples: int, new_tokens: int,
                  num_scheduler_steps: int = DEFAULT_LOOKAHEAD, async_scheduling: bool = True,
                  batch_invariant: bool = False) -> dict:
     import cupy
 
-    from barerl.config import ModelConfig
     from barerl.engine.cuda_graph_runner import CudaGraphRunner
     from barerl.engine.llm import LLM
     from barerl.engine.sampling_params import SamplingParams
     from barerl.model.model import Model
 
-    cfg = ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape")
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     seqs = len(prompts) * samples
-    llm = LLM(model, max_num_seqs=seqs, max_model_len=PROMPT_LEN + new_tokens, gpu_memory_utilization=0.6,
+    llm = LLM(model, max_num_seqs=seqs, max_model_len=len(prompts[0]) + new_tokens, gpu_memory_utilization=0.6,
               num_scheduler_steps=num_scheduler_steps, async_scheduling=async_scheduling,
               batch_invariant=batch_invariant)
     assert isinstance(llm.runner, CudaGraphRunner), "the engine should replay decode steps from CUDA graphs"
@@ -84,11 +77,11 @@ def bench_barerl(prompts: list[list[int]], samples: int, new_tokens: int,
     return result
 
 
-def bench_transformers(prompts: list[list[int]], samples: int, new_tokens: int) -> dict:
+def bench_transformers(shape: str, prompts: list[list[int]], samples: int, new_tokens: int) -> dict:
     import torch
     import transformers
 
-    config = transformers.Qwen3Config(**{k: v for k, v in QWEN3_06B.items() if k != "architectures"})
+    config = transformers.Qwen3Config(**{k: v for k, v in SHAPES[shape].items() if k != "architectures"})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
     ids = torch.tensor(prompts, device="cuda").repeat_interleave(samples, dim=0)
@@ -116,7 +109,9 @@ def bench_transformers(prompts: list[list[int]], samples: int, new_tokens: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=["G1", "G2"], choices=list(GENERATION))
+    parser.add_argument("--shape", default=None, choices=list(SHAPES),
+                        help="model shape (default: each workload's own, bench/shapes.py)")
     parser.add_argument("--quick", action="store_true", help="128 new tokens per sequence: a fast check")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
     parser.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[DEFAULT_LOOKAHEAD],
@@ -128,31 +123,41 @@ def main() -> None:
     parser.add_argument("--csv", default="bench_generate.csv")
     args = parser.parse_args()
 
-    bandwidth = copy_bandwidth()
-    print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s")
+    import cupy
+
+    bandwidth, tflops = copy_bandwidth(), matmul_rate(cupy)
+    print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s; bf16 matrix rate {tflops:.0f} TFLOP/s")
     rows = []
     for name in args.workloads:
-        num_prompts, samples, new_tokens = WORKLOADS[name]
-        new_tokens = 128 if args.quick else new_tokens
+        work = GENERATION[name]
+        work = dataclasses.replace(work, shape=args.shape or work.shape, new_tokens=128 if args.quick else
+                                   work.new_tokens)
+        num_prompts, samples, new_tokens = work.prompts, work.samples, work.new_tokens
+        cfg = model_config(work.shape)
         rng = np.random.default_rng(0)
-        prompts = rng.integers(0, QWEN3_06B["vocab_size"], (num_prompts, PROMPT_LEN)).tolist()
+        prompts = rng.integers(0, cfg.vocab_size, (num_prompts, work.prompt_len)).tolist()
         results = []
         variants = [(k, m, b) for k in args.num_scheduler_steps for m in args.async_scheduling
                     for b in args.batch_invariant]
         for steps, mode, invariant in variants:
-            ours = bench_barerl(prompts, samples, new_tokens, steps, mode == "on", invariant == "on")
+            ours = bench_barerl(cfg, prompts, samples, new_tokens, steps, mode == "on", invariant == "on")
             ours["system"] = ("barerl" + ("" if steps == DEFAULT_LOOKAHEAD else f" lookahead {steps}")
                               + ("" if mode == "on" else " sync") + (" invariant" if invariant == "on" else ""))
             print(f"{name} {ours['system']} engine stats: {ours['stats']}", flush=True)
             results.append(ours)
-        bound = bound_seconds(ours["cfg"], ours["num_params"], num_prompts * samples, new_tokens, bandwidth)
-        results += [] if args.no_peer else [bench_transformers(prompts, samples, new_tokens)]
+        bound = decode_floor_seconds(cfg, work, bandwidth)
+        print(f"{name} ({work.shape}, {num_prompts} x {samples} x {new_tokens} new tokens): HBM floor "
+              f"{bound:.2f} s ({1e3 * bound / new_tokens:.2f} ms per step, {num_prompts * samples * new_tokens / bound:.0f} "
+              "new tok/s)", flush=True)
+        results += [] if args.no_peer else [bench_transformers(work.shape, prompts, samples, new_tokens)]
         for r in results:
             rows.append({"workload": name, "system": r["system"], "new_tok_s": r["new_tokens"] / r["seconds"],
                          "ms_per_step": 1e3 * r["seconds"] / new_tokens, "peak_gib": r["peak_gib"],
                          "of_hbm_bound": bound / r["seconds"], "seconds": r["seconds"]})
             print(f"{name} {r['system']}: {rows[-1]['new_tok_s']:.0f} new tok/s, {rows[-1]['ms_per_step']:.2f} "
-                  f"ms/step, {100 * rows[-1]['of_hbm_bound']:.1f}% of the HBM bound", flush=True)
+                  f"ms/step, {100 * rows[-1]['of_hbm_bound']:.1f}% of the HBM floor, "
+                  f"{utilisation(decode_flops(cfg, work), r['seconds'], tflops)}, peak {r['peak_gib']:.1f} GiB",
+                  flush=True)
         if not args.no_peer:
             for r in rows[-len(results):-1]:
                 r["ratio_vs_transformers"] = r["new_tok_s"] / rows[-1]["new_tok_s"]

@@ -1,27 +1,29 @@
-"""Workload T1 (shared/WORKLOADS.md): one optimizer step of the Qwen3-0.6B architecture on 64 packed
-sequences of 1,152 tokens (73,728 tokens), forward + backward with per-layer recomputation + AdamW.
+"""Workloads T1 and T2 (shared/WORKLOADS.md): one optimizer step, forward + backward with per-layer
+recomputation + AdamW, random bf16 weights (sizes: bench/shapes.py). T1: Qwen3-0.6B, 64 packed sequences of
+1,152 tokens (73,728 tokens), micro-batches of 16; T2: Qwen3-4B, 64 x 4,352 tokens (278,528), the loss on the
+last 4,096 of each, micro-batches of 4. `--shape` runs a workload's sizes on another model shape.
 
-Prints barerl's step time, tokens/s, TFLOP/s and MFU (against an 8192^3 bf16 product measured in the same
-run), peak GPU memory and phase times, then the same for torch + transformers (bf16 weights, gradient
-checkpointing, fused AdamW, micro-batch 16) and the ratio. The loss is SFT-like (d loss / d log-prob =
--1/n at every token), so barerl's LM head runs each chunk's backward inside its forward unless
---unfused-head (the forward, then the backward recomputing the logits). Usage:
-python bench/bench_train_step.py [--quick] [--unfused-head]
+Prints the floor (the useful FLOP at the matrix rate measured in the same run by an 8192^3 bf16 product),
+barerl's step time, tokens/s, TFLOP/s, MFU (against that rate and against the 989 TFLOP/s datasheet), the
+fraction of the floor and the peak GPU memory with phase times, then the same for torch + transformers (bf16
+weights, gradient checkpointing, fused AdamW, the same micro-batches) and the ratio. The loss is SFT-like
+(d loss / d log-prob = -1/n at every loss token), so barerl's LM head runs each chunk's backward inside its
+forward unless --unfused-head (the forward, then the backward recomputing the logits). Usage:
+python bench/bench_train_step.py [--workload T1|T2] [--shape SHAPE] [--quick] [--unfused-head]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
+from types import SimpleNamespace
 
 import numpy as np
+from shapes import QWEN3_06B, SHAPES, SPEC_BF16_TFLOPS, TRAINING, Training, model_config, training_flops
 
-QWEN3_06B = {
-    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
-}
+__all__ = ["QWEN3_06B", "matmul_rate"]  # for the other scripts
 
 
 def matmul_rate(cp) -> float:
@@ -44,28 +46,34 @@ def matmul_rate(cp) -> float:
     return 2 * n**3 / float(np.median(times)) / 1e12
 
 
-def training_flops(cfg: dict, num_params: int, seqs: int, seqlen: int) -> float:
-    tokens = seqs * seqlen
-    attention = 3 * (4 * seqlen**2 / 2 * cfg["head_dim"] * cfg["num_attention_heads"]) * cfg["num_hidden_layers"]
-    return 6 * num_params * tokens + attention * seqs
+def packed_batches(vocab_size: int, t: Training) -> list:
+    """t.sequences random sequences in micro-batches of t.micro_batch, the loss on the last t.loss_tokens of each
+    (every token when None)."""
+    from barerl.model.model import PackedBatch
+
+    rng = np.random.default_rng(1)
+    trained = t.loss_tokens or t.seqlen
+    mask = [0] * (t.seqlen - trained) + [1] * trained
+
+    def batch():
+        ids = rng.integers(0, vocab_size, (t.micro_batch, t.seqlen)).tolist()
+        return PackedBatch.from_examples([SimpleNamespace(input_ids=s, loss_mask=mask) for s in ids])
+
+    return [batch() for _ in range(t.sequences // t.micro_batch)]
 
 
-def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int, keep=("attention",),
-                 fused_head: bool = True) -> dict:
+def bench_barerl(t: Training, repeats: int, keep=("attention",), fused_head: bool = True) -> dict:
     import cupy as cp
 
-    from barerl.config import ModelConfig
-    from barerl.model.model import Model, PackedBatch
+    from barerl.model.model import Model
     from barerl.train.optimizer import AdamW
 
     cp.get_default_memory_pool().free_all_blocks()  # a variant's peak is its own: not the last one's cache
-    cfg = ModelConfig.from_dict(cfg_dict, source="Qwen3-0.6B shape")
+    cfg = model_config(t.shape)
     model = Model.random(cfg, device="cuda", dtype="bfloat16", seed=0)
     optimizer = AdamW(model.params, model.backend, weight_decay=0.0, max_grad_norm=1.0)
-    rng = np.random.default_rng(1)
-    batches = [PackedBatch.from_sequences(rng.integers(0, cfg.vocab_size, (micro, seqlen)).tolist())
-               for _ in range(seqs // micro)]
-    n = float(seqs * (seqlen - 1))
+    batches = packed_batches(cfg.vocab_size, t)
+    n = float(sum(b.num_loss_tokens for b in batches))
 
     def token_grad(logp, start, stop):
         return cp.full(stop - start, -1.0 / n, cp.float32)
@@ -100,17 +108,18 @@ def bench_barerl(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: in
             "num_params": cfg.num_parameters(), "fused_head": fused_head}
 
 
-def bench_torch(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int) -> dict:
+def bench_torch(t: Training, repeats: int) -> dict:
     import torch
     import transformers
 
-    config = transformers.Qwen3Config(**{k: v for k, v in cfg_dict.items() if k != "architectures"})
+    config = transformers.Qwen3Config(**{k: v for k, v in SHAPES[t.shape].items() if k != "architectures"})
+    seqs, seqlen, micro = t.sequences, t.seqlen, t.micro_batch
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda()
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    ids = torch.randint(0, cfg_dict["vocab_size"], (seqs, seqlen), device="cuda")
+    ids = torch.randint(0, config.vocab_size, (seqs, seqlen), device="cuda")
 
     def step() -> float:
         torch.cuda.synchronize()
@@ -118,7 +127,9 @@ def bench_torch(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int
         optimizer.zero_grad(set_to_none=True)
         for i in range(0, seqs, micro):
             chunk = ids[i : i + micro]
-            (model(input_ids=chunk, labels=chunk).loss * micro / seqs).backward()
+            labels = chunk.clone()
+            labels[:, : seqlen - (t.loss_tokens or seqlen)] = -100  # no loss on the prompt part
+            (model(input_ids=chunk, labels=labels).loss * micro / seqs).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         torch.cuda.synchronize()
@@ -134,6 +145,11 @@ def bench_torch(cfg_dict: dict, seqs: int, seqlen: int, micro: int, repeats: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workload", default="T1", choices=list(TRAINING))
+    parser.add_argument("--shape", default=None, choices=list(SHAPES),
+                        help="model shape (default: the workload's own, bench/shapes.py)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward pass "
+                        "(default: the workload's)")
     parser.add_argument("--quick", action="store_true", help="8 sequences, 1 repeat (a smoke test)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--keep", nargs="+", default=["attention"], metavar="OPS",
@@ -143,28 +159,39 @@ def main() -> None:
                         help="the LM head's backward after the loss, recomputing each chunk's logits")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
-    seqs, seqlen, micro, repeats = (8, 1152, 8, 1) if args.quick else (64, 1152, 16, 3)
+    t = TRAINING[args.workload]
+    t = dataclasses.replace(t, shape=args.shape or t.shape, micro_batch=args.micro_batch or t.micro_batch)
+    if args.quick:
+        t = dataclasses.replace(t, sequences=8, micro_batch=min(t.micro_batch, 8))
+    repeats = 1 if args.quick else 3
+    seqs, seqlen = t.sequences, t.seqlen
     import cupy as cp
 
     rate = matmul_rate(cp)
+    flops = training_flops(model_config(t.shape), t)
     variants = []
     for i, keep in enumerate(args.keep):
         ops = tuple(filter(None, keep.split(",")))
-        variants.append(bench_barerl(QWEN3_06B, seqs, seqlen, micro, repeats, ops, not args.unfused_head))
+        variants.append(bench_barerl(t, repeats, ops, not args.unfused_head))
         if i:
             variants[-1]["system"] = f"barerl, keeps {keep}"
     ours = variants[0]
-    flops = training_flops(QWEN3_06B, ours["num_params"], seqs, seqlen)
-    peer = None if args.skip_torch else bench_torch(QWEN3_06B, seqs, seqlen, micro, repeats)
+    peer = None if args.skip_torch else bench_torch(t, repeats)
     rows = variants + ([] if peer is None else [peer])
-    print(f"T1: {seqs} x {seqlen} tokens, Qwen3-0.6B shape, bf16 matmul ceiling {rate:.0f} TFLOP/s")
-    print(f"{'system':<32}{'step s':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}")
+    floor = flops / (rate * 1e12)
+    print(f"{args.workload}: {seqs} x {seqlen} tokens ({t.loss_tokens or seqlen} with a loss each), {t.shape} shape, "
+          f"micro-batches of {t.micro_batch}; bf16 matmul rate {rate:.0f} TFLOP/s: floor {floor:.2f} s "
+          f"({flops:.3g} FLOP)")
+    print(f"{'system':<32}{'step s':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'of spec':>8}{'of floor':>9}"
+          f"{'peak GiB':>10}")
     for r in rows:
         r["tokens_per_s"] = seqs * seqlen / r["step_s"]
         r["tflops"] = flops / r["step_s"] / 1e12
         r["mfu"] = r["tflops"] / rate
+        r["of_spec"] = r["tflops"] / SPEC_BF16_TFLOPS
+        r["of_floor"] = floor / r["step_s"]
         print(f"{r['system']:<32}{r['step_s']:>9.3f}{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
-              f"{r['mfu']:>7.1%}{r['peak_gib']:>10.1f}")
+              f"{r['mfu']:>7.1%}{r['of_spec']:>8.1%}{r['of_floor']:>9.1%}{r['peak_gib']:>10.1f}")
     print(f"barerl phases: forward (no-grad pass) {ours['forward_s']:.3f}s, forward+backward "
           f"{ours['fwd_bwd_s']:.3f}s, optimizer {ours['optimizer_s']:.3f}s")
     for r in variants if peer is not None else []:
