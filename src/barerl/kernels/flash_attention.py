@@ -14,7 +14,7 @@ import numpy as np
 from barerl.backend.ref import nn as ref
 from barerl.kernels.build import ctype, load_kernel
 from barerl.kernels.launch import contiguous, multiprocessors, require, reserve_shared_memory
-from barerl.kernels.paged_attention import paged_attention, paged_inputs
+from barerl.kernels.paged_attention import MAX_QUERY_TOKENS, paged_attention, paged_inputs
 
 # Block shapes, compile-time in the kernels; the benchmark tries other values. Forward: warps per block,
 # m16 row tiles per warp (query rows per block = 16 x fwd_mt x fwd_warps) and keys per K/V tile; backward:
@@ -126,6 +126,8 @@ def paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, c
     if T == 0:
         return out
     S, max_blocks = block_tables.shape
+    require(T <= MAX_QUERY_TOKENS, f"paged_attention_invariant: {T} query tokens in one call, more than a grid "
+            f"holds ({MAX_QUERY_TOKENS}): lower the engine's max_num_batched_tokens")
     kernel = load_kernel("flash_attention.cu", "paged_attention_invariant", _defines(q.dtype, D))
     # Q and a ring of 3 K/V tiles
     smem = reserve_shared_memory(kernel, (16 + 3 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
