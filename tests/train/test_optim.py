@@ -407,6 +407,48 @@ def test_an_offload_after_a_restore_may_hold_the_master_in_the_other_form():
     np.testing.assert_array_equal(_bits(streamed.master), _bits(plain.master))
 
 
+@pytest.mark.parametrize("share", [1.0, 0.6])
+@pytest.mark.parametrize("case", ["bf16, stochastic", "bf16, nearest", "fp32"])
+def test_an_optimizer_born_offloaded_equals_one_offloaded_after_its_start(monkeypatch, case, share):
+    """`AdamW(offload=share)` makes the state in its two places without a whole copy of any state array on the
+    device (ParameterBuffer.zeros is never called), and equals a resident optimizer offloaded before its first
+    step: the same parts where they live, the same steps, bit for bit, weight decay mask included."""
+    import ml_dtypes
+
+    from barerl.train import optimizer as optimizer_module
+
+    monkeypatch.setattr(optimizer_module, "STREAM_CHUNK", 61)
+    monkeypatch.setattr(optimizer_module, "CHECK_CHUNK", 50)  # the master widened in several chunks
+    cfg = tiny_cfg()
+    init, grads = random_problem(cfg, steps=3, seed=9)
+    dtype, seed = {"bf16, stochastic": (ml_dtypes.bfloat16, 11), "bf16, nearest": (ml_dtypes.bfloat16, None),
+                   "fp32": (np.float32, 11)}[case]
+
+    def make(offload=None):
+        return AdamW(ParameterBuffer(cfg, init.astype(dtype)), ref, weight_decay=0.1, rounding_seed=seed,
+                     offload=offload)
+
+    later = make()
+    later.offload(share)
+    with monkeypatch.context() as m:
+        m.setattr(ParameterBuffer, "zeros", lambda *a, **k: pytest.fail("a whole state array was made"))
+        born = make(offload=share)
+    assert born.offloaded and born._grads is None and born.kept == later.kept
+    assert born._host.keys() == later._host.keys() == born._device.keys()
+    for key in born._host:
+        np.testing.assert_array_equal(_bits(born._host[key]), _bits(later._host[key]), key)
+        np.testing.assert_array_equal(_bits(born._device[key]), _bits(later._device[key]), key)
+    for g in grads:
+        for opt in (born, later):
+            opt.zero_grad()
+            opt.grads.flat += g
+            opt.step(1e-2)
+    np.testing.assert_array_equal(_bits(born.params.flat), _bits(later.params.flat))
+    for key, array in born.state_dict()["arrays"].items():  # restored whole
+        np.testing.assert_array_equal(_bits(array), _bits(later.state_dict()["arrays"][key]), key)
+    assert born._grads is None  # a restore drops the gradients (zeros again when next asked for)
+
+
 def test_offload_share_must_be_a_fraction():
     opt = AdamW(ParameterBuffer.zeros(tiny_cfg(), np, np.float32), ref)
     for share in (0.0, 1.5):

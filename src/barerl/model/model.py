@@ -86,16 +86,21 @@ class Model:
     @classmethod
     def random(cls, cfg: ModelConfig, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                batch_invariant: bool = False) -> Model:
-        """Hugging Face-style init: normal(0, 0.02) matrices, unit norms, zero biases."""
-        rng = np.random.default_rng(seed)
-        host = ParameterBuffer.zeros(cfg, np, resolve_dtype(dtype))  # filled on the host, moved once
+        """Hugging Face-style init: normal(0, 0.02) matrices, unit norms, zero biases. On the GPU the draws are
+        CuPy's, made there (other values than the CPU's for a seed): the host's take minutes for 4 B weights."""
+        on_gpu = device == "cuda"
+        xp = _xp_for(device)
+        rng = xp.random.default_rng(seed)
+        params = ParameterBuffer.zeros(cfg, xp, resolve_dtype(dtype))
         for name, shape in parameter_shapes(cfg):
             if name.endswith("norm.weight"):
-                host[name][...] = 1.0
+                params[name][...] = 1.0
+            elif on_gpu and not name.endswith(".bias"):
+                params[name][...] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)).astype(
+                    params.flat.dtype)
             elif not name.endswith(".bias"):
-                host[name][...] = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
-        flat = host.flat if device == "cpu" else _xp_for(device).asarray(host.flat)
-        return cls(cfg, ParameterBuffer(cfg, flat), device, batch_invariant)
+                params[name][...] = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+        return cls(cfg, params, device, batch_invariant)
 
     def _ensure_rope(self, num_positions: int) -> None:
         if num_positions <= self._rope_positions:

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"GRPO done: {result.steps} steps, reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}")
     print(result.summary)
-    print(f"checkpoint: {result.checkpoint}; metrics and curves in {result.output_dir}")
+    print(f"checkpoint: {result.checkpoint or 'none written (save_strategy no)'}; metrics and curves in "
+          f"{result.output_dir}")
     return 0
 
 

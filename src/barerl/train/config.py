@@ -94,6 +94,9 @@ class TrainConfig:
                                      "(needs tensorboardX), wandb (needs wandb), none.",
                                      choices=("jsonl", "tensorboard", "wandb", "none"))
     eval_steps: int | None = opt(None, "Evaluate every N steps (None: at the end only).", min=1)
+    save_strategy: str = opt("steps", "When to write checkpoints: steps (every save_steps and at the end) or no "
+                             "(never: the run leaves metrics and curves only; for a benchmark, or a model whose "
+                             "optimizer state cannot come back to the GPU to be saved).", choices=("steps", "no"))
     save_steps: int = opt(500, "Write a checkpoint every N steps (0: only at the end).", min=0)
     save_total_limit: int | None = opt(None, "Keep at most this many checkpoints, deleting the oldest.", min=1)
     resume_from_checkpoint: str | None = opt(None, "Checkpoint folder to resume from, or 'latest' for the "

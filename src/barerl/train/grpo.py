@@ -17,6 +17,8 @@ once per generation batch when the policy moves before the batch is used up (TRL
 With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and more prompts are
 sampled, up to `dynamic_sampling_max_rounds` extra rounds, until the batch is full of informative groups;
 the logged rollout metrics are those of the first round (what the policy does before filtering).
+Before the model and the optimizer state are made, the run's memory plan (train/memory_plan.py) is printed and
+checked against the GPU (train/memory_check.py): a run that cannot fit stops there, naming settings that fit.
 Device memory is logged per phase (`DeviceMemory`): `memory/generate_gib` at the end of generating,
 `memory/train_gib` the training phase's high-water mark, `memory/gpu_gib` the larger, and `memory/gpu_used_gib`
 the arrays in use (zeros on the CPU).
@@ -41,6 +43,8 @@ from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
 from barerl.train.losses import PolicyLoss, logprob_mismatch
+from barerl.train.memory_check import plan_run
+from barerl.train.memory_plan import rollout_kv_blocks
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
 from barerl.train.schedule import resolve_total_steps
@@ -74,6 +78,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     updates_per_generation = max(1, micro_per_generation // cfg.gradient_accumulation_steps) * cfg.num_iterations
     generations_per_epoch = max(1, len(rows) // num_prompts)
     total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, generations_per_epoch * updates_per_generation)
+    plan_run(cfg, model, engine_args, show=show_progress)  # before the model and the optimizer state exist
     run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
     sampler = EpochSampler(len(rows), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
     data_state = run.resume()
@@ -130,16 +135,6 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                 llm.wake()
     summary = run.finish()
     return GRPOResult(run.step, step_rewards, str(run.output_dir), checkpoint, summary)
-
-
-def rollout_kv_blocks(cfg: GRPOConfig, block_size: int, num_samples: int | None = None) -> int:
-    """The most KV blocks a generation round of `num_samples` completions (default: one process's round)
-    holds at once. A prompt's full blocks are stored once (its num_generations samples share them); each sample
-    owns the rest, from its prompt's last partial block (at most block_size - 1 tokens) to the end of its
-    completion. Prompts are at most max_prompt_length tokens."""
-    num_samples = num_samples or cfg.effective_generation_batch_size
-    shared = num_samples // cfg.num_generations * (cfg.max_prompt_length // block_size)
-    return shared + num_samples * -(-(cfg.max_completion_length + block_size - 1) // block_size)
 
 
 class DeviceMemory:

@@ -38,6 +38,13 @@ Design:
   rounding: ops.ref.adamw.master_from_low16), checked element by element at the offload: 10 bytes a
   parameter offloaded instead of 12, both ways. So while offloaded, the working weights are the master's
   high halves: only `step` may write them (load_state_dict restores first).
+- `AdamW(..., offload=share)` starts offloaded: the state is made in its two places at once and never held
+  whole on the device, which a model whose state alone nearly fills the GPU needs (Qwen3-8B: 98 GB of fp32
+  master and moments, 8.2 B parameters; docs/MEMORY.md). Before the first step the master is the working
+  weights widened (its low halves are zeros) and the moments are zeros, so this equals `offload(share)` of a
+  resident optimizer. An offload releases each resident array as soon as it is copied, and a restore drops
+  the gradient buffer first (zeros again when next asked for, as after every offload): the device then holds
+  at most the weights, the whole state and one array's copy.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class AdamW:
         max_grad_norm: float | None = 1.0,
         rounding_seed: int | None = None,
         shard: slice | None = None,
+        offload: float | None = None,
     ):
         self.params = params  # working weights: the model's buffer, rewritten by every step
         self.shard = shard if shard is not None else slice(0, params.flat.shape[0])  # the elements it updates
@@ -80,26 +88,36 @@ class AdamW:
         self.step_count = 0
         # Stochastic rounding applies to bf16 working weights only (fp16 and fp32 round to nearest).
         self.rounding_seed = rounding_seed if params.flat.dtype == BFLOAT16 else None
-        cfg, xp = params.cfg, backend.xp_of(params.flat)
+        self.xp = backend.xp_of(params.flat)
         self.shares_master = params.flat.dtype == np.float32
-        self.master = self.working if self.shares_master else self.working.astype(np.float32)  # flat (shard,)
-        self.exp_avg = xp.zeros(self.working.shape[0], np.float32)
-        self.exp_avg_sq = xp.zeros(self.working.shape[0], np.float32)
-        self._grads: ParameterBuffer | None = ParameterBuffer.zeros(cfg, xp, np.float32)
-        self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
-        self.xp = xp
         self.offloaded = False
         self.kept = 0  # while offloaded: elements 0 .. kept - 1 of the state stay on the device (in _device)
         self._device: dict[str, object] = {}  # while offloaded: the state's kept part
         self._host: dict[str, np.ndarray] = {}  # offload's host buffers (the rest), kept for the next offload
+        self._grads: ParameterBuffer | None = None
+        self.master = self.working if self.shares_master else None  # flat (shard,), like the moments
+        if offload is None:
+            self._start_resident()
+        else:
+            self._start_offloaded(offload)
+
+    def _start_resident(self) -> None:
+        xp, n = self.xp, self.working.shape[0]
+        if not self.shares_master:
+            self.master = self.working.astype(np.float32)
+        self.exp_avg = xp.zeros(n, np.float32)
+        self.exp_avg_sq = xp.zeros(n, np.float32)
+        self._grads = ParameterBuffer.zeros(self.params.cfg, xp, np.float32)
+        self.decay_mask = self._build_decay_mask(xp) if self.weight_decay else None
 
     @classmethod
     def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg, shard: slice | None = None) -> AdamW:
         """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
-        stochastic_rounding with the run's seed)."""
+        stochastic_rounding with the run's seed; GRPO's offload_optimizer and its ratio: born offloaded)."""
+        offload = cfg.offload_optimizer_ratio if getattr(cfg, "offload_optimizer", False) else None
         return cls(params, backend, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
                    weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                   rounding_seed=cfg.seed if cfg.stochastic_rounding else None, shard=shard)
+                   rounding_seed=cfg.seed if cfg.stochastic_rounding else None, shard=shard, offload=offload)
 
     @property
     def sharded(self) -> bool:
@@ -166,28 +184,63 @@ class AdamW:
         """The last `share` (0 < share <= 1) of the state to host memory, the rest kept on the device, the
         gradient buffer dropped. Once offloaded (a streamed step leaves the state so) only the gradients are
         dropped, whatever the share."""
-        if not 0 < share <= 1:
-            raise ValueError(f"offload: share must be in (0, 1], got {share!r}")
+        _check_share(share)
+        self._grads = None
         if not self.offloaded:
             n = self.working.shape[0]
             self.kept = n - round(share * n)
             state = self._state()
             # an earlier offload's buffer of the other master form (fp32 / low halves) would be streamed too
             self._host = {key: buffer for key, buffer in self._host.items() if key in state}
-            for key, flat in state.items():
-                self._device[key] = flat[: self.kept].copy()
-                self._to_host(key, flat[self.kept :])
-            for key in self._offloadable():
+            for key in self._offloadable():  # the arrays live on in `state` until each is copied
                 setattr(self, key, None)
             self.decay_mask = None
+            for key in list(state):
+                flat = state.pop(key)
+                self._device[key] = flat[: self.kept].copy()
+                self._to_host(key, flat[self.kept :])
+                del flat  # gone before the next array's copy
             self.offloaded = True
-        self._grads = None
         _release_cached_device_memory(self.xp)
+
+    def _start_offloaded(self, share: float) -> None:
+        """The state made where `offload(share)` of a fresh optimizer would leave it, never whole on the device:
+        the master as the working weights widened (as its zero low halves when they rebuild it), zero moments,
+        the decay mask."""
+        _check_share(share)
+        xp, flat = self.xp, self.working
+        n = flat.shape[0]
+        self.kept = kept = n - round(share * n)
+        low_halves = not self.shares_master and self.rounding_seed is not None
+        parts = {"master_low16": np.uint16} if low_halves else {} if self.shares_master else {"master": None}
+        parts |= {"exp_avg": np.float32, "exp_avg_sq": np.float32}
+        mask = self._build_decay_mask(np) if self.weight_decay else None
+        if mask is not None:
+            parts["decay_mask"] = np.uint8
+        for key, dtype in parts.items():
+            if key == "master":
+                self._device[key] = flat[:kept].astype(np.float32)
+            elif key == "decay_mask":
+                self._device[key] = xp.asarray(mask[:kept])
+            else:
+                self._device[key] = xp.zeros(kept, dtype)
+            self._host[key] = host = _host_buffer(xp, (n - kept,), np.float32 if dtype is None else dtype)
+            if key == "decay_mask":
+                host[...] = mask[kept:]
+            elif key != "master":
+                host.fill(0)
+            else:  # widened chunk by chunk: no second whole copy of the weights on the device
+                for start in range(kept, n, CHECK_CHUNK):
+                    rows = slice(start, min(start + CHECK_CHUNK, n))
+                    self._to_host_slice(host[rows.start - kept : rows.stop - kept], flat[rows].astype(np.float32))
+        self.exp_avg = self.exp_avg_sq = self.decay_mask = None
+        self.offloaded = True
 
     def restore(self) -> None:
         """The offloaded state back on the device, whole (state_dict and load_state_dict call this)."""
         if not self.offloaded:
             return
+        self._grads = None  # zeros when next asked for, as after an offload: room for the whole state
         _release_cached_device_memory(self.xp)  # freed activations first: the state takes their place
         xp, kept = self.xp, self.kept
         for key, host in self._host.items():
@@ -204,10 +257,13 @@ class AdamW:
         """device's values into this key's host buffer (allocated on first use, kept for the next offload)."""
         if key not in self._host or self._host[key].shape != device.shape or self._host[key].dtype != device.dtype:
             self._host[key] = _host_buffer(self.xp, device.shape, device.dtype)
+        self._to_host_slice(self._host[key], device)
+
+    def _to_host_slice(self, host: np.ndarray, device) -> None:
         if self.xp is np:
-            self._host[key][...] = device
+            host[...] = device
         else:
-            device.get(out=self._host[key])
+            device.get(out=host)
 
     def step(self, lr: float, grad_scale: float = 1.0, grad_norm: float | None = None) -> dict:
         """Apply the accumulated gradients (times grad_scale), clipped to max_grad_norm.
@@ -315,6 +371,11 @@ class AdamW:
                                                           self.shard.start)
         else:
             self.working[...] = self.master.astype(self.working.dtype)
+
+
+def _check_share(share: float) -> None:
+    if not 0 < share <= 1:
+        raise ValueError(f"offload: share must be in (0, 1], got {share!r}")
 
 
 def _host_buffer(xp, shape, dtype) -> np.ndarray:

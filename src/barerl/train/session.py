@@ -100,6 +100,8 @@ class TrainingSession:
                 "grad_clipped": metrics["clipped"], "step_skipped": metrics["skipped"]}
 
     def should_save(self) -> bool:
+        if self.cfg.save_strategy == "no":
+            return False
         every = self.cfg.save_steps
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 

@@ -30,6 +30,7 @@ from barerl.train.data import (
     train_eval_split,
 )
 from barerl.train.losses import sft_loss, sft_token_grad
+from barerl.train.memory_check import plan_run
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -88,6 +89,7 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     sampler = EpochSampler(len(examples), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
     micro_per_step = cfg.gradient_accumulation_steps * process_group().size
     total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, _steps_per_epoch(cfg, examples, micro_per_step))
+    plan_run(cfg, model, show=show_progress)  # before the model and the optimizer state exist
     run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
     dp = run.data_parallel
     data_state = run.resume()

@@ -111,8 +111,9 @@ def load_kernel(cu_file: str, kernel_name: str, defines: dict | None = None):
     return kernel
 
 
-def nvcc_compile_check(cu_file: str, arch: str | int, defines: dict | None = None) -> None:
-    """Compile `cu_file` with nvcc for sm_<arch> (to a cubin that is thrown away); raise on error."""
+def nvcc_compile_check(cu_file: str, arch: str | int, defines: dict | None = None, ptxas_report: bool = False) -> str:
+    """Compile `cu_file` with nvcc for sm_<arch> (to a cubin that is thrown away); raise on error. Returns the
+    compiler's messages: with `ptxas_report`, each kernel's registers, stack and spills (-Xptxas -v)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on PATH")
@@ -124,6 +125,7 @@ def nvcc_compile_check(cu_file: str, arch: str | int, defines: dict | None = Non
             f"-arch=sm_{arch}",
             f"-I{CSRC}",
             *_define_options(defines),
+            *(("-Xptxas", "-v") if ptxas_report else ()),
             "-cubin",
             "-o",
             os.path.join(tmp, "out.cubin"),
@@ -132,3 +134,4 @@ def nvcc_compile_check(cu_file: str, arch: str | int, defines: dict | None = Non
         result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise KernelBuildError(f"nvcc failed on {path} (sm_{arch}):\n{result.stderr}{result.stdout}")
+    return result.stderr + result.stdout

@@ -41,6 +41,7 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
+MAX_QUERY_TOKENS = 65535  # a grid's y and z extents: one CTA row per query token (engine steps hold 8,192)
 
 
 def _supported(head_dim: int, group: int, cache_dtype) -> bool:
@@ -103,6 +104,8 @@ def _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_s
     q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
                                                                          cu_seqlens_q)
     S, max_blocks = block_tables.shape
+    require(T <= MAX_QUERY_TOKENS, f"paged_attention: {T} query tokens in one call, more than a grid holds "
+            f"({MAX_QUERY_TOKENS}): lower the engine's max_num_batched_tokens")
     splits = num_splits(T, K, max_blocks * block_size)
     defines = {"DTYPE": ctype(k_cache.dtype), "Q_T": ctype(q.dtype), "HEAD_DIM": D, "GROUP": group,
                "KV_HEADS": K, "BLOCK_SIZE": block_size, "UNROLL": _UNROLL, "STAGES": _STAGES}
@@ -141,6 +144,8 @@ def _paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, 
     if T == 0:
         return out
     S, max_blocks = block_tables.shape
+    require(T <= MAX_QUERY_TOKENS, f"paged_attention: {T} query tokens in one call, more than a grid holds "
+            f"({MAX_QUERY_TOKENS}): lower the engine's max_num_batched_tokens")
     kernel = load_kernel("attention.cu", "paged_attention_invariant", attention_defines(q.dtype, D))
     # Q and a ring of 3 K/V tiles
     smem = reserve_shared_memory(kernel, (16 + 3 * ATTENTION_CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)

@@ -13,6 +13,8 @@ from barerl.ops.common import as_f32, xp_of
 
 __all__ = ["attention", "attention_backward"]
 
+QUERY_CHUNK = 1024  # query rows per pass of the attention ops: bounds their scores to (H, chunk, L)
+
 
 def segments(cu_seqlens):
     """[(start, end)] of each packed sequence, on the host."""
@@ -23,6 +25,17 @@ def segments(cu_seqlens):
 def expand_kv(x, group):
     """(L, K, D) -> (K*group, L, D): each kv head repeated for the `group` query heads that share it."""
     return x.transpose(1, 0, 2).repeat(group, axis=0)
+
+
+def query_chunks(length: int):
+    """(first, stop) rows of a sequence's query chunks: a chunk's scores are (H, rows, stop) fp32, so a 16K-token
+    sequence never needs its whole (H, L, L) (34 GB at 32 heads)."""
+    return [(q0, min(q0 + QUERY_CHUNK, length)) for q0 in range(0, length, QUERY_CHUNK)]
+
+
+def causal(xp, q0: int, q1: int):
+    """(q1 - q0, q1) mask: query row q0 + i sees keys 0 .. q0 + i."""
+    return xp.arange(q1)[None, :] <= xp.arange(q0, q1)[:, None]
 
 
 def attention(q, k, v, cu_seqlens, scale):
@@ -37,16 +50,16 @@ def attention(q, k, v, cu_seqlens, scale):
     o = xp.zeros((T, H, D), np.float32)
     lse = xp.zeros((H, T), np.float32)
     for a, b in segments(cu_seqlens):
-        qs = as_f32(q[a:b]).transpose(1, 0, 2)  # (H, L, D)
-        ks, vs = expand_kv(as_f32(k[a:b]), group), expand_kv(as_f32(v[a:b]), group)
-        scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(scale)  # (H, L, L)
-        L = b - a
-        scores = xp.where(xp.tril(xp.ones((L, L), dtype=bool)), scores, -np.inf)
-        m = scores.max(axis=-1, keepdims=True)
-        p = xp.exp(scores - m)
-        denom = p.sum(axis=-1, keepdims=True)
-        o[a:b] = ((p / denom) @ vs).transpose(1, 0, 2)
-        lse[:, a:b] = (m + xp.log(denom))[..., 0]
+        ks, vs = expand_kv(as_f32(k[a:b]), group), expand_kv(as_f32(v[a:b]), group)  # (H, L, D)
+        for q0, q1 in query_chunks(b - a):
+            qs = as_f32(q[a + q0 : a + q1]).transpose(1, 0, 2)  # (H, rows, D)
+            scores = (qs @ ks[:, :q1].transpose(0, 2, 1)) * np.float32(scale)  # (H, rows, q1)
+            scores = xp.where(causal(xp, q0, q1), scores, -np.inf)
+            m = scores.max(axis=-1, keepdims=True)
+            p = xp.exp(scores - m)
+            denom = p.sum(axis=-1, keepdims=True)
+            o[a + q0 : a + q1] = ((p / denom) @ vs[:, :q1]).transpose(1, 0, 2)
+            lse[:, a + q0 : a + q1] = (m + xp.log(denom))[..., 0]
     return o.astype(q.dtype, copy=False), lse
 
 
@@ -62,17 +75,20 @@ def attention_backward(do, q, k, v, o, lse, cu_seqlens, scale):
     dv = xp.zeros((T, K, D), np.float32)
     for a, b in segments(cu_seqlens):
         L = b - a
-        qs = as_f32(q[a:b]).transpose(1, 0, 2)
         ks, vs = expand_kv(as_f32(k[a:b]), group), expand_kv(as_f32(v[a:b]), group)
-        dos, os_ = as_f32(do[a:b]).transpose(1, 0, 2), as_f32(o[a:b]).transpose(1, 0, 2)
-        scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(scale)
-        p = xp.where(xp.tril(xp.ones((L, L), dtype=bool)), xp.exp(scores - lse[:, a:b, None]), 0.0)
-        dvs = p.transpose(0, 2, 1) @ dos  # (H, L, D)
-        dp = dos @ vs.transpose(0, 2, 1)
-        delta = (dos * os_).sum(axis=-1, keepdims=True)
-        ds = p * (dp - delta) * np.float32(scale)
-        dq[a:b] = (ds @ ks).transpose(1, 0, 2)
-        dks = ds.transpose(0, 2, 1) @ qs  # (H, L, D)
+        dks, dvs = xp.zeros((H, L, D), np.float32), xp.zeros((H, L, D), np.float32)
+        for q0, q1 in query_chunks(L):
+            rows = slice(a + q0, a + q1)
+            qs = as_f32(q[rows]).transpose(1, 0, 2)
+            dos, os_ = as_f32(do[rows]).transpose(1, 0, 2), as_f32(o[rows]).transpose(1, 0, 2)
+            scores = (qs @ ks[:, :q1].transpose(0, 2, 1)) * np.float32(scale)
+            p = xp.where(causal(xp, q0, q1), xp.exp(scores - lse[:, rows, None]), 0.0)
+            dvs[:, :q1] += p.transpose(0, 2, 1) @ dos  # (H, q1, D)
+            dp = dos @ vs[:, :q1].transpose(0, 2, 1)
+            delta = (dos * os_).sum(axis=-1, keepdims=True)
+            ds = p * (dp - delta) * np.float32(scale)
+            dq[rows] = (ds @ ks[:, :q1]).transpose(1, 0, 2)
+            dks[:, :q1] += ds.transpose(0, 2, 1) @ qs
         dk[a:b] = dks.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
         dv[a:b] = dvs.reshape(K, group, L, D).sum(axis=1).transpose(1, 0, 2)
     return xp.concatenate([dq.reshape(T, -1), dk.reshape(T, -1), dv.reshape(T, -1)], axis=1).astype(q.dtype)

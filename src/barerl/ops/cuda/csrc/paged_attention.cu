@@ -26,6 +26,7 @@
 //          while one is used, and keep an online softmax of their own (running max, sum, fp32 P @ V in
 //          registers), with no barrier inside the loop; the groups merge through shared memory at the end.
 // Macros:  DTYPE (cache type), Q_T (q/out type, default DTYPE), HEAD_DIM (default 128), GROUP (default 2),
+//          CTAS_PER_SM (the launch bounds' CTAs per SM: default by GROUP, see there),
 //          KV_HEADS (K, default 8) and BLOCK_SIZE (default 16): the cache's geometry at compile time, so a key's
 //          address is shifts and multiplies by constants, not a division per key (it was a quarter of the
 //          loop's instructions);
@@ -174,8 +175,14 @@ __device__ __forceinline__ void attend_round(const uint4 (&k_raw)[UNROLL], const
     }
 }
 
-// 6 CTAs per SM (80 registers, as many as the shared-memory ring allows): G2's 2,048 CTAs need them.
-extern "C" __global__ void __launch_bounds__(THREADS, 6) paged_attention_split(
+// CTAs per SM the registers are budgeted for. 6 (80 registers, as many as the shared-memory ring allows) for
+// GROUP <= 2: G2's 2,048 CTAs need them. A thread holds GROUP x 2 x VEC fp32 of q and P @ V: 4 query heads per
+// kv head (Qwen3-4B and -8B, Llama 3 8B) take 128 registers (at 6 per SM they spilled 692 bytes a thread), 5-8
+// take up to 251 (nvcc 13.0 -Xptxas -v, sm_90, bf16; test_compile.py checks that none spills).
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM (GROUP <= 2 ? 6 : GROUP <= 4 ? 4 : 2)
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) paged_attention_split(
         const Q_T* __restrict__ q, const scalar_t* __restrict__ k_cache, const scalar_t* __restrict__ v_cache,
         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
         const int* __restrict__ cu_seqlens_q, Q_T* __restrict__ out, float* __restrict__ o_part,
