@@ -9,6 +9,7 @@ from barerl.backend.ref import *
 from barerl.kernels.adamw import adamw_step, grad_norm  # noqa: F401
 from barerl.kernels.advance_decode import advance_decode  # noqa: F401
 from barerl.kernels.cublaslt import set_batch_invariant  # noqa: F401
+from barerl.kernels.dropout import dropout, dropout_backward  # noqa: F401
 from barerl.kernels.embedding import embedding, embedding_backward  # noqa: F401
 from barerl.kernels.flash_attention import (  # noqa: F401
     attention,

@@ -4,6 +4,7 @@ Every name exported here has a twin with the same signature in `barerl.backend.c
 one family of ops; add a module's line below when it gains public ops.
 """
 
+from barerl.backend.ref.dropout import *
 from barerl.backend.ref.nn import *
 from barerl.backend.ref.optim import *
 from barerl.backend.ref.sampling import *

@@ -102,12 +102,14 @@ def rmsnorm(x, w, eps):
 
 
 def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
-    """dw (C,) += sum over rows of dy * x_hat; returns dx (T, C) in x's dtype, plus residual_grad (the
-    residual stream's gradient around the norm) when given, added in fp32 before the rounding."""
+    """dw (C,) += sum over rows of dy * x_hat (dw None: a frozen weight); returns dx (T, C) in x's dtype, plus
+    residual_grad (the residual stream's gradient around the norm) when given, added in fp32 before the
+    rounding."""
     xf, dyf = _f32(x), _f32(dy)
     xhat = xf * rstd[..., None]
     dxhat = dyf * _f32(w)
-    dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
+    if dw is not None:
+        dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
     dx = rstd[..., None] * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     if residual_grad is not None:
         if residual_grad.shape != x.shape:  # as the kernel's launcher: a broadcast would hide a caller's bug
@@ -120,9 +122,11 @@ def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
 # Linear (cuBLAS on the GPU; bias and residual are GEMM epilogues there)
 
 
-def linear(x, w, bias=None, residual=None):
-    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N)."""
+def linear(x, w, bias=None, residual=None, scale=1.0):
+    """y = scale * x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N)."""
     y = _f32(x) @ _f32(w).T
+    if scale != 1.0:
+        y *= np.float32(scale)
     if bias is not None:
         y += _f32(bias)
     if residual is not None:
@@ -130,13 +134,21 @@ def linear(x, w, bias=None, residual=None):
     return y.astype(x.dtype, copy=False)
 
 
-def linear_backward(dy, x, w, dw, dbias=None):
-    """dw (N, K) += dy.T @ x; dbias (N,) += sum(dy); returns dx = dy @ w (T, K) in x's dtype."""
+def linear_backward(dy, x, w, dw, dbias=None, scale=1.0, residual_grad=None):
+    """Gradient of `linear`: dw (N, K) += scale * dy.T @ x (dw None: no weight gradient, a frozen weight);
+    dbias (N,) += sum(dy); returns dx = scale * dy @ w (T, K) in x's dtype, plus residual_grad (T, K) when
+    given (x's gradient along another path), added in fp32 before the rounding."""
     dyf = _f32(dy)
-    dw += (dyf.T @ _f32(x)).astype(dw.dtype, copy=False)
+    if dw is not None:
+        dw += (np.float32(scale) * (dyf.T @ _f32(x))).astype(dw.dtype, copy=False)
     if dbias is not None:
         dbias += dyf.sum(axis=0).astype(dbias.dtype, copy=False)
-    return (dyf @ _f32(w)).astype(x.dtype, copy=False)
+    dx = dyf @ _f32(w)
+    if scale != 1.0:
+        dx *= np.float32(scale)
+    if residual_grad is not None:
+        dx += _f32(residual_grad)
+    return dx.astype(x.dtype, copy=False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,7 +202,7 @@ def qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm=None,
 def qk_norm_rope_backward(
     dout, qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, q_rstd, k_rstd, dq_norm, dk_norm
 ):
-    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated."""
+    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated (None: frozen)."""
     xp = xp_of(dout)
     dq, dk, dv = _heads(dout, num_heads, num_kv_heads)
     c, s = cos[positions], sin[positions]
@@ -412,12 +424,14 @@ def _chunk_stats(xp, logits, targets):
 
 
 def _chunk_backward(xp, logits, hf, wf, targets, lse, dlogprobs, inv_temperature, dw):
-    """From one chunk's logits and its rows' fp32 dlogprobs: dw += dlogits.T @ h; returns dh = dlogits @ w."""
+    """From one chunk's logits and its rows' fp32 dlogprobs: dw += dlogits.T @ h (unless dw is None: a frozen
+    head); returns dh = dlogits @ w."""
     t = np.float32(inv_temperature)
     dlogits = -xp.exp(logits - lse[:, None]) * dlogprobs[:, None]
     dlogits[xp.arange(logits.shape[0]), targets] += dlogprobs
     dlogits *= t
-    dw += (dlogits.T @ hf).astype(dw.dtype, copy=False)
+    if dw is not None:
+        dw += (dlogits.T @ hf).astype(dw.dtype, copy=False)
     return dlogits @ wf
 
 
@@ -437,7 +451,8 @@ def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_H
 
 
 def lm_head_backward(dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK):
-    """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ..., returns dh (T, C) in h's dtype."""
+    """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ... (None: a frozen head), returns dh (T, C)
+    in h's dtype."""
     xp = xp_of(h)
     dh = xp.empty(h.shape, np.float32)
     wf = _f32(w)
