@@ -1,8 +1,9 @@
 """AdamW over the flat parameter buffer: fp32 master weights, fp32 moments, one fused update per step.
 
 Design:
-- The optimizer owns four flat fp32 buffers laid out like the model's (`ParameterBuffer`): gradients,
-  master weights and the two moments. Backward passes accumulate into `grads`; `step` turns them into an
+- The optimizer owns four flat fp32 buffers laid out like the buffer it trains (the model's
+  `ParameterBuffer`, or under LoRA the adapters' `LoraWeights`; `params.with_flat` gives the layout):
+  gradients, master weights and the two moments. Backward passes accumulate into `grads`; `step` turns them into an
   update of the master weights and writes the working weights (the model's own buffer, which the engine
   reads) in the same pass. When the working weights are already fp32 they *are* the master weights: no
   second copy is kept.
@@ -43,7 +44,7 @@ from types import ModuleType
 import numpy as np
 
 from barerl.backend.ref.optim import BFLOAT16, master_from_low16, stochastic_round_bfloat16
-from barerl.model.weights import ParameterBuffer, is_norm_or_bias
+from barerl.model.weights import is_norm_or_bias
 
 ARRAY_KEYS = ("master", "exp_avg", "exp_avg_sq")
 STREAM_CHUNK = 1 << 24  # elements per chunk of a streamed step: 64 MiB per fp32 array, 0.4 GiB of staging
@@ -53,7 +54,7 @@ CHECK_CHUNK = 1 << 22  # elements per pass of the master's split into halves (bo
 class AdamW:
     def __init__(
         self,
-        params: ParameterBuffer,
+        params,
         backend: ModuleType,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -61,7 +62,7 @@ class AdamW:
         max_grad_norm: float | None = 1.0,
         rounding_seed: int | None = None,
     ):
-        self.params = params  # working weights: the model's buffer, rewritten by every step
+        self.params = params  # working weights (ParameterBuffer or LoraWeights), rewritten by every step
         self.backend = backend
         self.beta1, self.beta2 = betas
         self.eps = eps
@@ -70,22 +71,22 @@ class AdamW:
         self.step_count = 0
         # Stochastic rounding applies to bf16 working weights only (fp16 and fp32 round to nearest).
         self.rounding_seed = rounding_seed if params.flat.dtype == BFLOAT16 else None
-        cfg, xp = params.cfg, backend.xp_of(params.flat)
+        xp = backend.xp_of(params.flat)
+        self.xp = xp
         self.shares_master = params.flat.dtype == np.float32
         master_flat = params.flat if self.shares_master else params.flat.astype(np.float32)
-        self.master = ParameterBuffer(cfg, master_flat)
-        self.exp_avg = ParameterBuffer.zeros(cfg, xp, np.float32)
-        self.exp_avg_sq = ParameterBuffer.zeros(cfg, xp, np.float32)
-        self._grads: ParameterBuffer | None = ParameterBuffer.zeros(cfg, xp, np.float32)
+        self.master = params.with_flat(master_flat)
+        self.exp_avg = self._zeros()
+        self.exp_avg_sq = self._zeros()
+        self._grads = self._zeros()
         self.decay_mask = self._build_decay_mask(xp) if weight_decay else None
-        self.xp = xp
         self.offloaded = False
         self.kept = 0  # while offloaded: elements 0 .. kept - 1 of the state stay on the device (in _device)
         self._device: dict[str, object] = {}  # while offloaded: the state's kept part
         self._host: dict[str, np.ndarray] = {}  # offload's host buffers (the rest), kept for the next offload
 
     @classmethod
-    def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg) -> AdamW:
+    def from_config(cls, params, backend: ModuleType, cfg) -> AdamW:
         """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
         stochastic_rounding with the run's seed)."""
         return cls(params, backend, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
@@ -99,11 +100,15 @@ class AdamW:
                 mask[offset : offset + math.prod(shape)] = 0
         return xp.asarray(mask)
 
+    def _zeros(self):
+        """An fp32 buffer of zeros in the trained buffer's layout."""
+        return self.params.with_flat(self.xp.zeros(self.params.flat.shape[0], np.float32))
+
     @property
-    def grads(self) -> ParameterBuffer:
+    def grads(self):
         """The fp32 gradient buffer backward passes accumulate into (zeros again after an offload)."""
         if self._grads is None:
-            self._grads = ParameterBuffer.zeros(self.params.cfg, self.xp, np.float32)
+            self._grads = self._zeros()
         return self._grads
 
     def zero_grad(self) -> None:
@@ -183,9 +188,9 @@ class AdamW:
             if key == "decay_mask":
                 self.decay_mask = whole
             elif key == "master_low16":
-                self.master = ParameterBuffer(self.params.cfg, self._master_from_low_halves(whole))
+                self.master = self.params.with_flat(self._master_from_low_halves(whole))
             else:
-                setattr(self, key, ParameterBuffer(self.params.cfg, whole))
+                setattr(self, key, self.params.with_flat(whole))
         self._device, self.kept, self.offloaded = {}, 0, False
 
     def _to_host(self, key: str, device) -> None:
