@@ -44,14 +44,17 @@ def cheap_reward(prompts, completions, **_) -> list[float]:
 
 
 def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offload_optimizer: float | None = None,
-        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16) -> dict:
+        keep: tuple[str, ...] = ("attention",), batch_invariant: bool = True, micro_batch: int = 16,
+        shape: dict = QWEN3_06B, new_tokens: int = 1024, options: dict | None = None) -> dict:
+    """One R1-shaped run: `shape` (a config.json dict), 8 x 8 completions of `new_tokens`; `options`: more
+    GRPOConfig fields (bench_lora.py's LoRA)."""
     from barerl.config import ModelConfig
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig
     from barerl.train.grpo import train_grpo
 
-    cfg_dict = dict(QWEN3_06B)
-    prompt_len, new_tokens = 128, 1024
+    cfg_dict = dict(shape)
+    prompt_len = 128
     if quick:  # a smoke test of this script on a CPU
         cfg_dict.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -69,7 +72,7 @@ def run(quick: bool, steps: int, device: str, num_scheduler_steps: int = 8, offl
         max_tokens_per_microbatch=micro_batch * (prompt_len + new_tokens), loss_type="dapo", beta=0.0, save_steps=0,
         log_completions_steps=0, seed=0, shuffle_dataset=False, offload_optimizer=offload_optimizer is not None,
         offload_optimizer_ratio=offload_optimizer or 1.0,
-        gradient_checkpointing_keep=keep, batch_invariant=batch_invariant,
+        gradient_checkpointing_keep=keep, batch_invariant=batch_invariant, **(options or {}),
     )
     start = time.perf_counter()
     train_grpo(config, model=model, tokenizer=numbered_tokenizer(cfg.vocab_size), rows=rows,

@@ -20,6 +20,7 @@ COMMANDS = {
     "eval": ("barerl.train.cli", "accuracy of a checkpoint on a task, generating with the engine"),
     "generate": ("barerl.engine.cli_generate", "generate completions with the inference engine"),
     "info": ("barerl.model.info", "describe a model folder or GGUF file: architecture, size, tokenizer"),
+    "merge": ("barerl.model.merge", "merge a PEFT LoRA adapter into its base model: a Hugging Face checkpoint"),
 }
 
 

@@ -310,7 +310,7 @@ def merge_lora(model) -> None:
     model.lora = None
 
 
-def dropout_seed(run_seed: int, step: int, micro_batch: int) -> int:
+def training_dropout_seed(run_seed: int, step: int, micro_batch: int) -> int:
     """The dropout seed of one training pass: a pure function of the run's seed, the optimizer step and the
     micro-batch, so a resumed run draws the same masks."""
     key = np.array([(step << 20) | micro_batch], dtype=np.uint64)

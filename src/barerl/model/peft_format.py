@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from barerl.model.checkpoint import CheckpointError, _to_host, read_safetensors, write_safetensors
-from barerl.model.lora import TARGET_MODULES, LoraAdapters, LoraConfig, LoraWeights, attach
+from barerl.model.lora import ALL_LINEAR, TARGET_MODULES, LoraAdapters, LoraConfig, LoraWeights, attach
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -54,8 +54,25 @@ def save_adapter(folder: str | os.PathLike, adapters: LoraAdapters, base_model: 
         f.write("\n")
 
 
-def read_adapter_config(folder: str | os.PathLike, lora_dropout: float = 0.0) -> LoraConfig:
-    """The LoraConfig of a PEFT adapter folder; `lora_dropout` is the run's, not the file's."""
+def read_adapter(folder: str | os.PathLike, lora_dropout: float = 0.0) -> tuple[LoraConfig, dict]:
+    """A PEFT adapter folder's LoraConfig and its tensors (memory-mapped; names without peft's prefix). The
+    targeted modules are those the weights hold (peft's config may list every layer's module paths);
+    `lora_dropout` is the run's, not the file's."""
+    raw = _read_config(folder)
+    path = os.path.join(folder, ADAPTER_WEIGHTS)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{folder}: no {ADAPTER_WEIGHTS}")
+    tensors = {name.removeprefix(PREFIX): array for name, array in read_safetensors(path).items()}
+    modules = {name.split(".")[-3] for name in tensors if name.endswith(".lora_A.weight")}
+    try:
+        return LoraConfig(r=raw.get("r"), lora_alpha=raw.get("lora_alpha"), lora_dropout=lora_dropout,
+                          target_modules=tuple(modules)), tensors
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _read_config(folder) -> dict:
+    """adapter_config.json, checked for options barerl does not compute."""
     path = os.path.join(folder, ADAPTER_CONFIG)
     if not os.path.isfile(path):
         raise CheckpointError(f"{folder}: not a PEFT adapter (no {ADAPTER_CONFIG})")
@@ -72,33 +89,31 @@ def read_adapter_config(folder: str | os.PathLike, lora_dropout: float = 0.0) ->
             raise CheckpointError(f"{path}: field '{key}': {value!r} is not supported (barerl computes plain "
                                   f"LoRA: {key}={plain!r})")
     targets = raw.get("target_modules")
-    if isinstance(targets, str) and targets != "all-linear":
+    if isinstance(targets, str) and targets != ALL_LINEAR:
         raise CheckpointError(f"{path}: field 'target_modules': a pattern ({targets!r}) is not supported; "
                               f"list module names among {list(TARGET_MODULES)}")
-    try:
-        return LoraConfig(r=raw.get("r"), lora_alpha=raw.get("lora_alpha"), lora_dropout=lora_dropout,
-                          target_modules=targets or ())
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    for name in [] if isinstance(targets, str) else targets or []:  # peft matches names by their ending
+        if name.rsplit(".", 1)[-1] not in TARGET_MODULES:
+            raise CheckpointError(f"{path}: field 'target_modules': {name!r} is not a projection barerl adapts "
+                                  f"({', '.join(TARGET_MODULES)})")
+    return raw
 
 
 def load_adapter(model, folder: str | os.PathLike, lora_dropout: float = 0.0) -> LoraAdapters:
     """Give `model` the PEFT adapter in `folder` (or load it into the model's adapters of the same layout, in
     place). `lora_dropout`: the dropout training will use (the file's is a record of its own run)."""
-    lora = read_adapter_config(folder, lora_dropout)
-    host = LoraWeights.zeros(model.cfg, lora, np, np.float32)
+    lora, tensors = read_adapter(folder, lora_dropout)
     path = os.path.join(folder, ADAPTER_WEIGHTS)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{folder}: no {ADAPTER_WEIGHTS}")
-    tensors = {name.removeprefix(PREFIX): array for name, array in read_safetensors(path).items()}
+    host = LoraWeights.zeros(model.cfg, lora, np, np.float32)
     views = dict(host.peft_tensors())
     for name in sorted(set(tensors) | set(views)):
         if name not in views:
-            raise CheckpointError(f"{path}: unexpected tensor '{PREFIX}{name}' (not an adapter of the config's "
-                                  f"target modules {list(lora.target_modules)} on a {model.cfg.num_hidden_layers}-"
+            raise CheckpointError(f"{path}: unexpected tensor '{PREFIX}{name}' (not an adapter of modules "
+                                  f"{list(lora.target_modules)} on every layer of a {model.cfg.num_hidden_layers}-"
                                   f"layer {model.cfg.architecture})")
         if name not in tensors:
-            raise CheckpointError(f"{path}: tensor '{PREFIX}{name}' is missing")
+            raise CheckpointError(f"{path}: tensor '{PREFIX}{name}' is missing (adapters on some layers only are "
+                                  "not supported)")
         if tuple(tensors[name].shape) != views[name].shape:
             raise CheckpointError(f"{path}: tensor '{PREFIX}{name}' has shape {tuple(tensors[name].shape)}, the "
                                   f"model and r={lora.r} imply {views[name].shape}")

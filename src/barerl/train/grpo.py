@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from barerl.model.lora import training_dropout_seed
 from barerl.model.model import Model, SamplingFilter
 from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
@@ -168,7 +169,10 @@ def sampling_filter(cfg: GRPOConfig) -> SamplingFilter:
 
 
 def _frozen_copy(model: Model) -> Model:
-    """The KL reference: its own weights, sharing nothing mutable with the policy."""
+    """The KL reference: its own weights, sharing nothing mutable with the policy. Under LoRA it is the base
+    model without the adapters (as peft's disabled adapters), the frozen weights shared, not copied."""
+    if model.lora is not None:
+        return Model(model.cfg, model.params, model.device)
     return Model(model.cfg, ParameterBuffer(model.cfg, model.params.flat.copy()), model.device)
 
 
@@ -227,11 +231,11 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     # log-probs of the whole step, for the mismatch stats
     seen = {"engine": [], "trainer": [], "mask": []} if measure_mismatch else None
     loss, entropy_sum, tokens = 0.0, 0.0, 0
-    for tb in batches:
+    for index, tb in enumerate(batches):
         if tb.batch.num_loss_tokens == 0:
             continue
         part, entropy, metrics = _micro_batch(run, model, tb, cfg, num_items, num_sequences, len(batches), seen,
-                                              memory)
+                                              memory, training_dropout_seed(cfg.seed, run.step, index))
         loss += part
         entropy_sum += entropy
         share = tb.batch.num_loss_tokens / num_items
@@ -248,8 +252,8 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
 
 
 def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOConfig, num_items: int,
-                 num_sequences: int, num_micro_batches: int, seen: dict | None,
-                 memory: DeviceMemory) -> tuple[float, float, dict]:
+                 num_sequences: int, num_micro_batches: int, seen: dict | None, memory: DeviceMemory,
+                 dropout_seed: int) -> tuple[float, float, dict]:
     """One micro-batch's forward and backward into the optimizer's gradients: (loss, entropy sum, metrics).
 
     A function of its own so that what it allocates (the loss's per-token arrays and the closure holding them;
@@ -272,7 +276,8 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, cfg: GRPOCo
 
     loss, metrics = model.forward_backward(tb.batch, loss_fn, run.optimizer.grads, sampling_filter(cfg),
                                            checkpoint=cfg.gradient_checkpointing,
-                                           keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad)
+                                           keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad,
+                                           dropout_seed=dropout_seed)
     return loss, entropy_sum, metrics
 
 

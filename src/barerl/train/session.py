@@ -4,14 +4,21 @@ checkpoints and resume.
 A `TrainingSession` owns the mutable training state. The loops own only their data flow. Resuming restores
 everything a step depends on (weights, optimizer moments, step count, data position; sampling seeds are
 derived from (seed, step)), so a resumed run takes the same next steps as one never stopped.
+
+With LoRA (`lora_r` > 0 or `lora_adapter`) the session gives the model adapters and the optimizer trains
+them alone; checkpoints hold the adapter (PEFT format, naming the base model's path) and its optimizer
+state, and a resumed run takes its base from `model` again and its adapters from the optimizer's master.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
+from barerl.model.lora import LoraConfig, add_lora
 from barerl.model.model import Model
+from barerl.model.peft_format import load_adapter, read_adapter, save_adapter
 from barerl.tokenizer import load_tokenizer
 from barerl.train.metrics import MetricsLogger
 from barerl.train.optimizer import AdamW
@@ -48,7 +55,9 @@ class TrainingSession:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         if self.tokenizer is None:
             raise ValueError(f"model: {cfg.model} has no tokenizer (a folder needs tokenizer.json)")
-        self.optimizer = AdamW.from_config(model.params, model.backend, cfg)
+        attach_lora(cfg, model)
+        trained = model.params if model.lora is None else model.lora.weights
+        self.optimizer = AdamW.from_config(trained, model.backend, cfg)
         self.total_steps = total_steps
         self.schedule = make_schedule(cfg.lr_scheduler_type, cfg.learning_rate, total_steps, cfg.warmup_steps,
                                       cfg.warmup_ratio)
@@ -65,8 +74,9 @@ class TrainingSession:
             return {}
         from barerl.model.checkpoint import load_checkpoint
 
-        _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
-        self.model.params.flat[...] = params.flat
+        if self.model.lora is None:  # under LoRA the optimizer's master brings the adapters back
+            _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
+            self.model.params.flat[...] = params.flat
         state = load_training_state(path, optimizer=self.optimizer)
         self.step, self.resumed_from = state.step, path
         return state.data
@@ -94,7 +104,13 @@ class TrainingSession:
             self.output_dir, self.step, self.optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
             data_state, dataclasses.asdict(self.cfg), params=self.model.params, tokenizer=self.tokenizer,
             save_total_limit=self.cfg.save_total_limit,
+            write_model=None if self.model.lora is None else self._write_adapter,
         )
+
+    def _write_adapter(self, folder) -> None:
+        base = self.cfg.model
+        save_adapter(folder, self.model.lora, os.path.abspath(base) if base and os.path.exists(base) else base)
+        self.tokenizer.save_pretrained(folder)
 
     def finish(self) -> str:
         """Close the logger, draw the curves; returns the run's summary text."""
@@ -103,3 +119,21 @@ class TrainingSession:
         self.logger.close()
         self.logger.plot()
         return self.logger.summary()
+
+
+def attach_lora(cfg, model: Model) -> None:
+    """The adapters the config asks for: fresh ones (lora_r > 0, seeded by the run's seed) or a PEFT adapter's
+    (lora_adapter); nothing without either (a model given with adapters keeps them)."""
+    if not (cfg.lora_r or cfg.lora_adapter):
+        return
+    if model.lora is not None:
+        raise ValueError("lora_r / lora_adapter: the model has LoRA adapters already (leave both unset to train "
+                         "those)")
+    if cfg.lora_adapter:
+        r = read_adapter(cfg.lora_adapter)[0].r
+        if cfg.lora_r not in (0, r):
+            raise ValueError(f"lora_r={cfg.lora_r}, but the adapter {cfg.lora_adapter} has r={r} (leave lora_r at 0 "
+                             "to take the adapter's)")
+        load_adapter(model, cfg.lora_adapter, cfg.lora_dropout)
+        return
+    add_lora(model, LoraConfig(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules), seed=cfg.seed)

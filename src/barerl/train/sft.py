@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from barerl.model.lora import training_dropout_seed
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
@@ -96,12 +97,13 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
         normaliser = max(sum(b.num_loss_tokens for b in batches), 1)
         run.optimizer.zero_grad()
         loss = 0.0
-        for batch in batches:
+        for index, batch in enumerate(batches):
             mask = model.xp.asarray(batch.loss_mask)
             part, _ = model.forward_backward(
                 batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
                 run.optimizer.grads, checkpoint=cfg.gradient_checkpointing,
                 keep_ops=cfg.gradient_checkpointing_keep, token_grad=sft_token_grad(mask, normaliser),
+                dropout_seed=training_dropout_seed(cfg.seed, run.step, index),
             )
             loss += part
         metrics = run.optimizer_step()
