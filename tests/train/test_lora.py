@@ -26,7 +26,7 @@ from train_helpers import (
 
 from barerl.backend import ref
 from barerl.model.batch import PackedBatch
-from barerl.model.checkpoint import read_safetensors
+from barerl.model.checkpoint import read_safetensors, save_checkpoint
 from barerl.model.lora import LoraConfig, add_lora
 from barerl.model.peft_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from barerl.train.config import SFTConfig
@@ -43,11 +43,13 @@ def expressive(model, norm: float = 5.0):
 
 
 def sft(output_dir, max_steps, model=None, **kw):
+    """LoRA SFT on SFT_ROWS of `model`: a Model, a path (cfg.model), or by default the expressive tiny one."""
     options = {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "packing": False, "seed": 5,
                "lr_scheduler_type": "constant", "save_steps": 0, **LORA, **kw}
-    cfg = SFTConfig(output_dir=str(output_dir), max_steps=max_steps, **options)
-    return train_sft(cfg, model=model or expressive(tiny_model()), tokenizer=make_tokenizer(), rows=SFT_ROWS,
-                     show_progress=False)
+    path = str(model) if isinstance(model, (str, os.PathLike)) else None
+    cfg = SFTConfig(output_dir=str(output_dir), max_steps=max_steps, model=path, **options)
+    model = None if path else model or expressive(tiny_model())
+    return train_sft(cfg, model=model, tokenizer=make_tokenizer(), rows=SFT_ROWS, show_progress=False)
 
 
 def adapter_tensors(checkpoint) -> dict:
@@ -92,14 +94,21 @@ def test_lora_checkpoints_hold_the_adapter_and_resume_the_same_steps(tmp_path, l
 
 
 def test_a_run_starts_from_a_peft_adapter(tmp_path):
-    first = sft(tmp_path / "first", 3)
-    again = sft(tmp_path / "again", 1, lora_adapter=first.checkpoint, lora_r=0, learning_rate=0.0)
-    before, after = adapter_tensors(first.checkpoint), adapter_tensors(again.checkpoint)
-    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
-    config = json.loads((tmp_path / "again" / "checkpoint-1" / ADAPTER_CONFIG).read_text())
-    assert config["r"] == LORA["lora_r"] and config["target_modules"][0] == "q_proj"
+    """As lora_adapter over the base, or as the model itself (its base named in adapter_config.json)."""
+    base = tmp_path / "base"
+    model = expressive(tiny_model())
+    save_checkpoint(base, model.cfg, model.params, tokenizer=make_tokenizer())
+    first = sft(tmp_path / "first", 3, model=base)
+    trained = adapter_tensors(first.checkpoint)
+    for name, start in (("adapter", {"model": base, "lora_adapter": first.checkpoint}),
+                        ("as-model", {"model": first.checkpoint})):
+        again = sft(tmp_path / name, 1, lora_r=0, learning_rate=0.0, **start)
+        after = adapter_tensors(again.checkpoint)
+        assert trained.keys() == after.keys() and all(np.array_equal(trained[k], after[k]) for k in trained)
+        config = json.loads((tmp_path / name / "checkpoint-1" / ADAPTER_CONFIG).read_text())
+        assert config["base_model_name_or_path"] == str(base.resolve()) and config["r"] == LORA["lora_r"]
     with pytest.raises(ValueError, match="lora_r=4.*r=8"):
-        sft(tmp_path / "wrong", 1, lora_adapter=first.checkpoint, lora_r=4)
+        sft(tmp_path / "wrong", 1, model=base, lora_adapter=first.checkpoint, lora_r=4)
 
 
 def test_a_model_with_adapters_trains_only_in_their_layout(tmp_path):

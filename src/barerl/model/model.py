@@ -92,6 +92,14 @@ class Model:
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32") -> Model:
+        """A Hugging Face folder or .gguf file; a PEFT adapter folder (a LoRA run's checkpoint) gives its base
+        model (base_model_name_or_path) with the adapter attached."""
+        from barerl.model.peft_format import adapter_base, is_adapter, load_adapter
+
+        if is_adapter(path):
+            model = cls.from_pretrained(adapter_base(path), device, dtype)
+            load_adapter(model, path)
+            return model
         cfg, params = load_checkpoint(path, dtype=dtype, xp=_xp_for(device))
         return cls(cfg, params, device)
 

@@ -37,6 +37,15 @@ def is_adapter(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
+def adapter_base(folder: str | os.PathLike) -> str:
+    """The base model an adapter names (base_model_name_or_path)."""
+    base = _read_config(folder).get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(f"{os.path.join(folder, ADAPTER_CONFIG)}: field 'base_model_name_or_path': no base "
+                              "model named (load the base, then load_adapter(model, folder))")
+    return base
+
+
 def save_adapter(folder: str | os.PathLike, adapters: LoraAdapters, base_model: str | None = None) -> None:
     """Write adapter_config.json and adapter_model.safetensors into `folder` (created if needed)."""
     os.makedirs(folder, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from barerl.model.lora import LoraConfig, add_lora
 from barerl.model.model import Model
-from barerl.model.peft_format import load_adapter, read_adapter, save_adapter
+from barerl.model.peft_format import adapter_base, is_adapter, load_adapter, read_adapter, save_adapter
 from barerl.tokenizer import load_tokenizer
 from barerl.train.metrics import MetricsLogger
 from barerl.train.optimizer import AdamW
@@ -109,6 +109,8 @@ class TrainingSession:
 
     def _write_adapter(self, folder) -> None:
         base = self.cfg.model
+        if base and is_adapter(base):  # started from an adapter given as the model: its base is the base
+            base = adapter_base(base)
         save_adapter(folder, self.model.lora, os.path.abspath(base) if base and os.path.exists(base) else base)
         self.tokenizer.save_pretrained(folder)
 
