@@ -43,10 +43,10 @@ class DemoSize:
 
 SIZES = {
     "cpu": DemoSize(hidden=128, layers=2, dtype="float32", sft_steps=300, sft_batch=64, sft_learning_rate=3e-3,
-                    grpo_steps=60, prompts_per_step=64, grpo_learning_rate=3e-4, lora_learning_rate=3e-3),
+                    grpo_steps=60, prompts_per_step=64, grpo_learning_rate=3e-4, lora_learning_rate=1e-3),
     # not yet tuned on a GPU: sizes and rates scaled from the CPU run
     "cuda": DemoSize(hidden=512, layers=6, dtype="bfloat16", sft_steps=300, sft_batch=128, sft_learning_rate=1e-3,
-                     grpo_steps=60, prompts_per_step=64, grpo_learning_rate=1e-4, lora_learning_rate=1e-3),
+                     grpo_steps=60, prompts_per_step=64, grpo_learning_rate=1e-4, lora_learning_rate=3e-4),
 }
 
 
