@@ -272,7 +272,8 @@ class Model:
         return loss, metrics, dh
 
     def forward_backward(
-        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter | float = 1.0,
+        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer | LoraWeights,
+        sampling: SamplingFilter | float = 1.0,
         checkpoint: bool = True, keep_ops=DEFAULT_KEEP, token_grad: TokenGrad | None = None,
         dropout_seed: int | None = None,
     ) -> tuple[float, dict]:
@@ -316,10 +317,12 @@ class Model:
         return loss, metrics
 
     def _check_grads(self, grads) -> None:
-        if (self.lora is not None) != isinstance(grads, LoraWeights):
-            want = "the adapters' layout (model.lora.weights.with_flat)" if self.lora is not None else \
-                "the model's ParameterBuffer layout (model.zeros_like_params())"
-            raise ValueError(f"forward_backward: grads must be a buffer in {want}")
+        """Gradients go to what is trained: the adapters under LoRA, else every parameter."""
+        if self.lora is not None and not isinstance(grads, LoraWeights):
+            raise ValueError("forward_backward: this model has LoRA adapters; grads must be a buffer in the "
+                             "adapters' layout (model.lora.weights.with_flat)")
+        if self.lora is None and isinstance(grads, LoraWeights):
+            raise ValueError("forward_backward: grads are in a LoRA layout, but this model has no adapters")
 
     def zeros_like_params(self, dtype="float32") -> ParameterBuffer:
         return ParameterBuffer.zeros(self.cfg, self.xp, resolve_dtype(dtype))

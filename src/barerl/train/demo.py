@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"[3/3] held-out accuracy: {before:.1%} after SFT -> {after:.1%} after GRPO "
           f"(train reward {np.mean(result.rewards[:3]):.2f} -> {np.mean(result.rewards[-3:]):.2f})")
-    print(f"      checkpoint (Hugging Face format): {result.checkpoint}")
+    print(f"      checkpoint ({'a PEFT adapter' if args.lora_r else 'Hugging Face format'}): {result.checkpoint}")
     print(f"      curves: {out / 'grpo' / 'curves.png'}, metrics: {out / 'grpo' / 'metrics.jsonl'}")
     print(f"      total time {time.perf_counter() - started:.0f}s")
     return 0

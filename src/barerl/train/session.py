@@ -125,8 +125,11 @@ class TrainingSession:
 
 def attach_lora(cfg, model: Model) -> None:
     """The adapters the config asks for: fresh ones (lora_r > 0, seeded by the run's seed) or a PEFT adapter's
-    (lora_adapter); nothing without either (a model given with adapters keeps them)."""
+    (lora_adapter); nothing without either (a model given with adapters keeps them; one loaded from an adapter
+    folder as `model` takes the run's lora_dropout)."""
     if not (cfg.lora_r or cfg.lora_adapter):
+        if model.lora is not None and cfg.model and is_adapter(cfg.model):
+            model.lora.config = dataclasses.replace(model.lora.config, lora_dropout=cfg.lora_dropout)
         return
     if model.lora is not None:
         raise ValueError("lora_r / lora_adapter: the model has LoRA adapters already (leave both unset to train "
