@@ -21,6 +21,7 @@ COMMANDS = {
     "generate": ("barerl.engine.cli_generate", "generate completions with the inference engine"),
     "serve": ("barerl.serve.cli", "an OpenAI-compatible server for a model (needs barerl[serve])"),
     "info": ("barerl.info", "describe a model folder or GGUF file: architecture, size, tokenizer"),
+    "merge": ("barerl.model.merge", "merge a PEFT LoRA adapter into its base model: a Hugging Face checkpoint"),
 }
 
 

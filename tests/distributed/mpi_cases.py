@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from test_loops import PROMPTS, SFT_ROWS, tiny_model
+from train_helpers import PROMPTS, SFT_ROWS, tiny_model
 
 from barerl.distributed import process_group
 from barerl.train.config import GRPOConfig, SFTConfig
@@ -66,7 +66,8 @@ def run(case: dict) -> None:
                             "max_prompt_length": 8, "log_completions_steps": 0, **case["config"]})
         train_grpo(cfg, model=model, tokenizer=make_tokenizer(), rows=PROMPTS, reward_funcs=[reward],
                    show_progress=False, engine_args={"num_kv_blocks": 64})
-    np.save(out / f"weights-rank{process_group().rank}.npy", model.params.flat)  # updated in place by training
+    trained = model.params if model.lora is None else model.lora.weights  # updated in place by training
+    np.save(out / f"weights-rank{process_group().rank}.npy", trained.flat)
 
 
 def collectives(case: dict) -> None:

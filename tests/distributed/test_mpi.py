@@ -1,6 +1,7 @@
 """Data parallelism on 2 MPI ranks (the `test` extra's mpi4py and MPICH wheels; `mpiexec` runs
 tests/distributed/mpi_cases.py): a step on 2 ranks gives one rank's fp32 weights bit for bit on the same
-global batch, for SFT and each GRPO loss type, with the optimizer state sharded (ZeRO-1) or not; checkpoints
+global batch, for SFT and each GRPO loss type, with the optimizer state sharded (ZeRO-1) or not, and for LoRA
+(the adapters' bits: their state sharded, their dropout masks drawn by the step's micro-batch index); checkpoints
 of 2 ranks resume on 1 and the other way round, to the same bits; a hung or killed rank ends the job with a
 clear message within the timeout, leaving the last checkpoint valid; and `mpiexec -n 2 barerl sft` runs as
 `barerl sft` does.
@@ -35,6 +36,7 @@ SFT = {"max_steps": 2, "per_device_train_batch_size": 4, "max_tokens_per_microba
        "eval_steps": 1, "gradient_sum": "tree", "max_grad_norm": 0.5, "weight_decay": 0.1}
 GRPO = {"max_steps": 2, "generation_batch_size": 16, "per_device_train_batch_size": 4, "gradient_sum": "tree",
         "importance_sampling_correction": False, "weight_decay": 0.1}
+LORA = {"lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.1}
 # name -> (loop, config, gradient_accumulation_steps on one rank (two ranks take half: the same global batch))
 RUNS = {
     "sft": ("sft", SFT, 4),
@@ -43,6 +45,8 @@ RUNS = {
     "dr_grpo": ("grpo", {**GRPO, "loss_type": "dr_grpo", "zero_stage": 0}, 4),
     "dapo": ("grpo", {**GRPO, "loss_type": "dapo", "offload_optimizer": True}, 2),  # two updates per generation
     "bnpo": ("grpo", {**GRPO, "loss_type": "bnpo", "scale_rewards": "batch", "max_grad_norm": 0.05}, 4),
+    "sft-lora": ("sft", {**SFT, **LORA}, 4),  # the adapters sharded, their dropout masks drawn alike
+    "grpo-lora": ("grpo", {**GRPO, **LORA, "loss_type": "dapo", "beta": 0.1, "offload_optimizer": True}, 4),
 }
 KEYS = ("loss", "grad_norm", "reward", "entropy", "eval_loss", "kl", "num_tokens")  # metrics logged alike
 
@@ -157,7 +161,7 @@ def test_checkpoints_resume_on_another_number_of_ranks_to_the_same_bits(runs, fa
 
 def test_mpiexec_runs_the_barerl_command_unchanged(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-    from test_loops import SFT_ROWS, tiny_model
+    from train_helpers import SFT_ROWS, tiny_model
 
     from barerl.model.checkpoint import save_checkpoint
     from barerl.train.demo import make_tokenizer

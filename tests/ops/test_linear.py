@@ -91,3 +91,24 @@ def test_lm_head_logits(draw):
 
     h, w = draw.normal((5, 128), np.dtype("float32")), draw.normal((1000, 128), np.dtype("float32"))
     assert_close("logits", cuda.lm_head_logits(h, w, 0.7), ref.lm_head_logits(h, w, 0.7), FP32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 48, 40), (300, 256, 16)])
+def test_scaled_linear_and_its_backward_with_a_frozen_weight(draw, dtype, shape):
+    """LoRA's products: the scale as alpha, dx's extra gradient as the C operand, and dw None (no dW product)."""
+    from barerl.ops import cuda
+
+    T, K, N = shape
+    x, w, residual = draw.normal((T, K), dtype), draw.normal((N, K), dtype, K**-0.5), draw.normal((T, N), dtype)
+    assert_close("y", cuda.linear(x, w, residual=residual, scale=0.37),
+                 ref.linear(f32(x), f32(w), residual=f32(residual), scale=0.37), dtype)
+    dy, extra = draw.normal((T, N), dtype), draw.normal((T, K), dtype)
+    dw = draw.normal((N, K), FP32)
+    dw_ref = dw.copy()
+    dx = cuda.linear_backward(dy, x, w, dw, scale=2.5, residual_grad=extra)
+    assert_close("dx", dx, ref.linear_backward(f32(dy), f32(x), f32(w), dw_ref, scale=2.5,
+                                               residual_grad=f32(extra)), dtype)
+    assert_close("dw", dw, dw_ref, dtype)
+    frozen = cuda.linear_backward(dy, x, w, None)
+    assert_close("dx, frozen w", frozen, ref.linear_backward(f32(dy), f32(x), f32(w), None), dtype)

@@ -11,58 +11,25 @@ import time
 
 import numpy as np
 import pytest
+from train_helpers import (
+    PROMPTS,
+    SFT_ROWS,
+    cli,
+    grpo_config,
+    metrics,
+    read_jsonl,
+    run_grpo,
+    smollm2_like_model,
+    starts_with_seven,
+    tiny_model,
+)
 
-from barerl.config import ModelConfig
 from barerl.model.checkpoint import save_checkpoint
 from barerl.model.model import Model
 from barerl.train.config import GRPOConfig, SFTConfig
 from barerl.train.demo import make_tokenizer
 from barerl.train.grpo import train_grpo
 from barerl.train.sft import train_sft
-
-
-def tiny_model(seed=0) -> Model:
-    cfg = ModelConfig.from_dict({
-        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-        "tie_word_embeddings": True, "max_position_embeddings": 64, "eos_token_id": 2, "bos_token_id": 1,
-    })
-    return Model.random(cfg, seed=seed)
-
-
-PROMPTS = [{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)]
-SFT_ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]
-
-
-def starts_with_seven(prompts, completions, **_):
-    """Known optimum: always answer 7 first."""
-    return [float(c.startswith("7")) for c in completions]
-
-
-def grpo_config(tmp_path, **kw) -> GRPOConfig:
-    base = {"output_dir": str(tmp_path), "max_steps": 4, "learning_rate": 3e-2, "num_generations": 8,
-            "per_device_train_batch_size": 32, "max_completion_length": 3, "max_prompt_length": 8,
-            "lr_scheduler_type": "constant", "save_steps": 0, "seed": 3, "log_completions_steps": 0}
-    return GRPOConfig(**{**base, **kw})
-
-
-def run_grpo(cfg, model=None):
-    return train_grpo(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
-                      reward_funcs=[starts_with_seven], show_progress=False,
-                      engine_args={"num_kv_blocks": 64})
-
-
-def read_jsonl(path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def metrics(output_dir) -> list[dict]:
-    rows = read_jsonl(os.path.join(output_dir, "metrics.jsonl"))
-    for r in rows:
-        for key in [k for k in r if k.startswith("time") or "per_second" in k]:
-            del r[key]
-    return rows
 
 
 def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
@@ -72,26 +39,6 @@ def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
     record = metrics(tmp_path)[-1]
     assert record["mismatch/max"] < 1e-4  # engine and trainer run the same ops
     assert os.path.exists(os.path.join(tmp_path, "curves.png")) or "matplotlib" not in sys.modules
-
-
-def smollm2_like_model(device: str, dtype: str, seed=0, max_position_embeddings=64) -> Model:
-    """SmolLM2's shape in miniature (Llama, 3 query heads per kv head, tied head), the same random weights on
-    either device; head_dim 64 so that the GPU runs its attention kernels."""
-    from barerl.formats.safetensors import resolve_dtype
-    from barerl.model.weights import ParameterBuffer
-
-    cfg = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 15, "hidden_size": 96, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64,
-        "tie_word_embeddings": True, "max_position_embeddings": max_position_embeddings, "eos_token_id": 2,
-        "bos_token_id": 1,
-    })
-    cpu = Model.random(cfg, seed=seed)
-    if device == "cpu":
-        return cpu
-    import cupy
-
-    return Model(cfg, ParameterBuffer(cfg, cupy.asarray(cpu.params.flat.astype(resolve_dtype(dtype)))), "cuda")
 
 
 @pytest.mark.gpu
@@ -320,11 +267,6 @@ def model_folder(tmp_path):
     return folder, data
 
 
-def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, check=False, **kw)
-
-
 def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):
     folder, data = model_folder
     out = tmp_path / "run"
@@ -377,7 +319,7 @@ def test_example_configs_load(name):
 
 
 def test_rewards_in_worker_processes_match_in_process_rewards(tmp_path):
-    spec = f"{os.path.abspath(__file__)}:starts_with_seven"
+    spec = f"{os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train_helpers.py')}:starts_with_seven"
     for name, workers in (("thread", 0), ("workers", 1)):
         cfg = grpo_config(tmp_path / name, max_steps=2, reward_num_workers=workers, reward_timeout=120)
         train_grpo(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS, reward_funcs=[spec],

@@ -1,9 +1,18 @@
 """Helpers shared by the tests in tests/train (imported as `from train_helpers import ...`)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from barerl.config import ModelConfig
+from barerl.model.model import Model
 from barerl.model.weights import ParameterBuffer
+from barerl.train.config import GRPOConfig
+from barerl.train.demo import make_tokenizer
+from barerl.train.grpo import train_grpo
 
 
 def tiny_cfg(**kw) -> ModelConfig:
@@ -22,3 +31,71 @@ def random_problem(cfg, steps, seed=0, grad_scale=1.0):
     init = rng.standard_normal(n).astype(np.float32)
     grads = [(rng.standard_normal(n) * grad_scale).astype(np.float32) for _ in range(steps)]
     return init, grads
+
+
+def tiny_model(seed=0) -> Model:
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "tie_word_embeddings": True, "max_position_embeddings": 64, "eos_token_id": 2, "bos_token_id": 1,
+    })
+    return Model.random(cfg, seed=seed)
+
+
+PROMPTS = [{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)]
+SFT_ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]
+
+
+def starts_with_seven(prompts, completions, **_):
+    """Known optimum: always answer 7 first."""
+    return [float(c.startswith("7")) for c in completions]
+
+
+def grpo_config(tmp_path, **kw) -> GRPOConfig:
+    base = {"output_dir": str(tmp_path), "max_steps": 4, "learning_rate": 3e-2, "num_generations": 8,
+            "per_device_train_batch_size": 32, "max_completion_length": 3, "max_prompt_length": 8,
+            "lr_scheduler_type": "constant", "save_steps": 0, "seed": 3, "log_completions_steps": 0}
+    return GRPOConfig(**{**base, **kw})
+
+
+def run_grpo(cfg, model=None):
+    return train_grpo(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
+                      reward_funcs=[starts_with_seven], show_progress=False,
+                      engine_args={"num_kv_blocks": 64})
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def metrics(output_dir) -> list[dict]:
+    rows = read_jsonl(os.path.join(output_dir, "metrics.jsonl"))
+    for r in rows:
+        for key in [k for k in r if k.startswith("time") or "per_second" in k]:
+            del r[key]
+    return rows
+
+
+def smollm2_like_model(device: str, dtype: str, seed=0, max_position_embeddings=64) -> Model:
+    """SmolLM2's shape in miniature (Llama, 3 query heads per kv head, tied head), the same random weights on
+    either device; head_dim 64 so that the GPU runs its attention kernels."""
+    from barerl.formats.safetensors import resolve_dtype
+
+    cfg = ModelConfig.from_dict({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 15, "hidden_size": 96, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64,
+        "tie_word_embeddings": True, "max_position_embeddings": max_position_embeddings, "eos_token_id": 2,
+        "bos_token_id": 1,
+    })
+    cpu = Model.random(cfg, seed=seed)
+    if device == "cpu":
+        return cpu
+    import cupy
+
+    return Model(cfg, ParameterBuffer(cfg, cupy.asarray(cpu.params.flat.astype(resolve_dtype(dtype)))), "cuda")
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, check=False, **kw)

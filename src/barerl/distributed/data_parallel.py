@@ -22,6 +22,8 @@ A step on N ranks equals the step of one rank on the same global batch:
   and 8B's 33 GB ~0.15 s against ~23 s. Across nodes (~50 GB/s per GPU) it would save up to ~3-6% of a step,
   at the price of a hook in every layer's backward, of buckets that are final only on the last micro-batch,
   and (tree) of the fixed order.
+- What is trained is one flat buffer, the model's parameters or under LoRA the adapters' (`LoraWeights`):
+  the layout, the gradient sums and the shards are the same over either.
 - Checkpoints: rank 0 writes them (the sharded state gathered to it first, in the one-process format), every
   rank reads them, with any number of ranks.
 """
@@ -37,11 +39,14 @@ from barerl.distributed.communicator import communicator_for
 from barerl.distributed.group import ProcessGroup
 from barerl.distributed.layout import ShardLayout, left_size, rank_blocks
 from barerl.distributed.norm import gradient_norm
+from barerl.model.lora import LoraWeights
 from barerl.model.weights import ParameterBuffer
+
+Trained = ParameterBuffer | LoraWeights  # the flat buffer the optimizer trains, in its layout
 
 
 class DataParallel:
-    def __init__(self, group: ProcessGroup, params: ParameterBuffer, device: str, gradient_sum: str = "accumulate",
+    def __init__(self, group: ProcessGroup, params: Trained, device: str, gradient_sum: str = "accumulate",
                  zero_stage: int = 1, bucket_mb: float = 64.0, timeout: float | None = None):
         if gradient_sum not in ("accumulate", "tree"):
             raise ValueError(f"gradient_sum must be 'accumulate' or 'tree', got {gradient_sum!r}")
@@ -55,7 +60,7 @@ class DataParallel:
         self.comm = communicator_for(group, device)
 
     @classmethod
-    def from_config(cls, group: ProcessGroup, params: ParameterBuffer, device: str, cfg) -> DataParallel:
+    def from_config(cls, group: ProcessGroup, params: Trained, device: str, cfg) -> DataParallel:
         """From a `TrainConfig`'s gradient_sum, zero_stage, ddp_bucket_cap_mb and ddp_timeout."""
         return cls(group, params, device, cfg.gradient_sum, cfg.zero_stage, cfg.ddp_bucket_cap_mb, cfg.ddp_timeout)
 
@@ -88,7 +93,7 @@ class DataParallel:
         return [xp.asarray(a) for a in self.gather_in_order(host, what)]
 
     # -- gradients -----------------------------------------------------------------------------------------
-    def micro_batch_gradients(self, items: list, grads: ParameterBuffer) -> Iterator[tuple[object, ParameterBuffer]]:
+    def micro_batch_gradients(self, items: list, grads: Trained) -> Iterator[tuple[object, Trained]]:
         """Each of this rank's micro-batches with the buffer its backward accumulates into; once the loop is
         done, `grads` (zeroed by the caller) holds their sum (module docstring: `gradient_sum`)."""
         if self.gradient_sum == "accumulate":
@@ -133,14 +138,14 @@ class DataParallel:
         return self.group.on_main(fn, what)
 
 
-def _tree_of_buffers(items: list, out: ParameterBuffer) -> Iterator[tuple[object, ParameterBuffer]]:
+def _tree_of_buffers(items: list, out: Trained) -> Iterator[tuple[object, Trained]]:
     """Depth first: the left half into `out`, the right half into a fresh zero buffer, then out += right."""
     if len(items) == 1:
         yield items[0], out
         return
     half = left_size(len(items))
     yield from _tree_of_buffers(items[:half], out)
-    right = ParameterBuffer.zeros(out.cfg, xp_of(out.flat), out.flat.dtype)
+    right = out.with_flat(xp_of(out.flat).zeros_like(out.flat))
     yield from _tree_of_buffers(items[half:], right)
     out.flat += right.flat
 

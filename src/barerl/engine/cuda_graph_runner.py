@@ -16,7 +16,9 @@ forward + sample + `advance_decode` rounds: one launch and one host sync per K t
   handed to arrays outside the graphs. Graphs of different buckets share that pool (never run together).
   Graphs are captured lazily, when a step first needs them.
 - Rope tables are built for max_model_len before capture (`forward_paged(max_position=...)` then never syncs
-  or reallocates them). The weights are read in place: optimizer updates reach the next replay.
+  or reallocates them). The weights are read in place: optimizer updates reach the next replay, LoRA
+  adapters' too (their buffer keeps its address); adapters attached to the model after a capture make the
+  graphs stale, and they are captured again.
 - The KV cache lives at a fixed virtual address (engine/device_memory.py): sleep hands its memory back to the
   driver, wake maps new memory there (zeroed), and the graphs stay valid, so a GRPO round captures nothing.
   Where the driver cannot reserve addresses, sleep drops the graphs and their pool instead and the first
@@ -150,7 +152,7 @@ class CudaGraphRunner(ModelRunner):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch, steps) -> (graph, tokens, logprobs)
         self._pool = None
-        self._captured_cache_ptr = None
+        self._captured_with = None  # (KV cache address, LoRA adapters) the graphs were captured with
         model._ensure_rope(max_model_len)  # before capture, with the default allocator: graphs read these
 
     def allocate_kv_cache(self) -> None:
@@ -175,7 +177,7 @@ class CudaGraphRunner(ModelRunner):
         return mapped + (self._pool.total_bytes() if self._pool is not None else 0)
 
     def _drop_graphs(self) -> None:
-        self.graphs, self._captured_cache_ptr = {}, None
+        self.graphs, self._captured_with = {}, None
         if self._pool is not None:
             self._pool.free_all_blocks()
             self._pool = None
@@ -206,9 +208,10 @@ class CudaGraphRunner(ModelRunner):
 
     def _replay(self, inputs: StepInputs, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and log-probs (n,) of one step, or (num_steps, n) of several, from the bucket's graph."""
-        if self._captured_cache_ptr != self.kv_cache.data.ptr:  # a cache elsewhere: graphs of the old are stale
+        captured_with = (self.kv_cache.data.ptr, self.model.lora)
+        if self._captured_with != captured_with:  # a cache elsewhere, or adapters attached since: graphs are stale
             self._drop_graphs()
-            self._captured_cache_ptr = self.kv_cache.data.ptr
+            self._captured_with = captured_with
         n = len(inputs.input_ids)
         batch = next(b for b in self.buckets if b >= n)
         if (batch, num_steps) not in self.graphs:

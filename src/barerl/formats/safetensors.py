@@ -36,7 +36,8 @@ def resolve_dtype(dtype) -> np.dtype:
     return DTYPES[name]
 
 
-def _to_host(a) -> np.ndarray:
+def to_host(a) -> np.ndarray:
+    """A NumPy or CuPy array on the host (NumPy arrays as they are)."""
     return a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
 
 
@@ -118,7 +119,7 @@ def write_safetensors(path: str, tensors: Iterable[tuple[str, object]], dtype=No
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name, a in tensors:
-            host = np.ascontiguousarray(_to_host(a), dtype=_ST_TO_NUMPY[header[name]["dtype"]])
+            host = np.ascontiguousarray(to_host(a), dtype=_ST_TO_NUMPY[header[name]["dtype"]])
             f.write(memoryview(host.reshape(-1).view(np.uint8)))
     return pos
 

@@ -50,11 +50,11 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
         if tuple(array.shape) != view.shape:
             raise CheckpointError(f"{file_of[name]}: tensor '{name}' has shape {tuple(array.shape)}, but the "
                                   f"config implies {view.shape}")
-        _copy_into(view, array)
+        copy_into(view, array)
     return cfg, params
 
 
-def _copy_into(view, array: np.ndarray) -> None:
+def copy_into(view, array: np.ndarray) -> None:
     """Cast one host tensor into its view of the flat buffer (NumPy: in place; CuPy: one upload)."""
     if isinstance(view, np.ndarray):
         view[...] = array
@@ -65,8 +65,8 @@ def _copy_into(view, array: np.ndarray) -> None:
 def save_checkpoint(folder: str | os.PathLike, cfg: ModelConfig, params: ParameterBuffer, tokenizer=None,
                     generation_config: dict | None = None, dtype=None, max_shard_bytes: int = 5 * 10**9) -> None:
     """Write a Hugging Face model folder atomically (formats/atomic.py): a crash leaves the old or the new
-    checkpoint whole. Refuses to replace anything but a checkpoint (see `_check_replaceable`)."""
-    _check_replaceable(os.path.abspath(os.fspath(folder)))
+    checkpoint whole. Refuses to replace anything but a checkpoint (see `check_replaceable`)."""
+    check_replaceable(folder)
     with atomic_folder(folder) as tmp:
         write_checkpoint(tmp, cfg, params, tokenizer, generation_config, dtype, max_shard_bytes)
 
@@ -89,13 +89,15 @@ def write_checkpoint(folder: str | os.PathLike, cfg: ModelConfig, params: Parame
         tokenizer.save_pretrained(folder)
 
 
-def _check_replaceable(folder: str) -> None:
-    """Refuse to replace anything but a checkpoint (a flat folder with a config.json): saving to a wrong
-    path, e.g. a run's output folder holding checkpoint subfolders, must not delete data."""
+def check_replaceable(folder: str | os.PathLike, marker: str = "config.json") -> None:
+    """Refuse to replace anything but a checkpoint (a flat folder with a `marker` file, config.json for a
+    model): saving to a wrong path, e.g. a run's output folder holding checkpoint subfolders, must not delete
+    data."""
+    folder = os.path.abspath(os.fspath(folder))
     if os.path.exists(folder):
         if not os.path.isdir(folder):
             raise CheckpointError(f"{folder}: exists and is not a folder")
         entries = [os.path.join(folder, e) for e in os.listdir(folder)]
-        if entries and (not os.path.isfile(os.path.join(folder, "config.json")) or any(map(os.path.isdir, entries))):
-            raise CheckpointError(f"{folder}: exists and is not a plain checkpoint folder (no config.json, or "
+        if entries and (not os.path.isfile(os.path.join(folder, marker)) or any(map(os.path.isdir, entries))):
+            raise CheckpointError(f"{folder}: exists and is not a plain checkpoint folder (no {marker}, or "
                                   "subfolders); refusing to replace it. Save to a new folder or delete it first")

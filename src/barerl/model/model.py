@@ -10,6 +10,10 @@ Design:
   the ops named in `keep` (default: attention, the costliest to redo per byte kept; see model/recompute.py)
   and recomputes the rest of the layer during backward, but for its last product (down), whose output is
   the next layer's input.
+- LoRA (model/lora.py): with `self.lora` set, the layer code reads `self.lora.layers` (the base weights,
+  the targeted projections carrying their adapters) through `AdaptedOps`, the stand-in for `self.ops`, and
+  training gradients go into the adapters' buffer alone (its `embed`, `final_norm`, `lm_head` are None: the
+  base gets no gradient). The engine's forward is the same code on the same buffers.
 - Training losses are the caller's: `forward_backward` hands the per-token log-probs to a loss function
   that returns (loss, d loss / d log-probs, metrics), and backpropagates from there. A token-local loss
   (its gradient at a token needs only that token's log-prob) may also give `token_grad`, the gradient of a
@@ -31,6 +35,7 @@ from barerl.model.backward import layer_backward
 from barerl.model.batch import PackedBatch
 from barerl.model.checkpoint import load_checkpoint
 from barerl.model.forward import RopeContext, layer_activations, layer_forward, layer_output
+from barerl.model.lora import LoraWeights
 from barerl.model.loss_rows import LossRows
 from barerl.model.recompute import DEFAULT_KEEP, RecordingOps, ReplayingOps
 from barerl.model.rope import rope_tables
@@ -73,6 +78,7 @@ class Model:
         self.xp = self.backend.xp_of(params.flat)
         self.dtype = params.flat.dtype
         self.attention_scale = cfg.head_dim**-0.5
+        self.lora = None  # LoraAdapters (barerl.model.lora.add_lora): frozen base, trained adapters
         self._rope_positions = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
@@ -80,6 +86,14 @@ class Model:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", dtype: str = "float32",
                         batch_invariant: bool = False) -> Model:
+        """A Hugging Face folder or .gguf file; a PEFT adapter folder (a LoRA run's checkpoint) gives its base
+        model (base_model_name_or_path) with the adapter attached."""
+        from barerl.model.peft_format import adapter_base, is_adapter, load_adapter
+
+        if is_adapter(path):
+            model = cls.from_pretrained(adapter_base(path), device, dtype, batch_invariant)
+            load_adapter(model, path)
+            return model
         cfg, params = load_checkpoint(path, dtype=dtype, xp=_xp_for(device))
         return cls(cfg, params, device, batch_invariant)
 
@@ -115,16 +129,27 @@ class Model:
         self._ensure_rope(max_position + 1)
         return RopeContext(self.xp.asarray(positions), self._cos, self._sin)
 
+    def _layers(self) -> list:
+        """The LayerViews the layer code reads: the base weights, with their adapters under LoRA."""
+        return self.params.layers if self.lora is None else self.lora.layers
+
+    def _layer_ops(self, dropout_seed: int | None = None):
+        """The ops of the layer code: the model's, or under LoRA their stand-in that adds the adapters (and
+        drops their inputs out, given a training pass's seed)."""
+        return self.ops if self.lora is None else self.lora.ops(self.ops, dropout_seed)
+
     @property
     def batch_invariant(self) -> bool:
         return self.ops.batch_invariant
 
     def with_batch_invariant(self, on: bool) -> Model:
-        """This model, or when its choice differs, a model over the very same weights (no copy) with `on`: an
-        engine and a trainer sharing weights each keep their own arithmetic."""
+        """This model, or when its choice differs, a model over the very same weights (no copy; its LoRA
+        adapters too) with `on`: an engine and a trainer sharing weights each keep their own arithmetic."""
         if bool(on) == self.batch_invariant:
             return self
-        return Model(self.cfg, self.params, self.device, on)
+        model = Model(self.cfg, self.params, self.device, on)
+        model.lora = self.lora
+        return model
 
     # -- inference (engine) -----------------------------------------------------------------------------
     def kv_cache_bytes_per_token(self) -> int:
@@ -154,8 +179,9 @@ class Model:
         cu = xp.asarray(cu_seqlens_q)
         fresh_cu = None if fresh is None else cu[fresh[0]:] - fresh[1]  # the fresh sequences' own boundaries
         lens, tables, slots = xp.asarray(context_lens), xp.asarray(block_tables), xp.asarray(slot_mapping)
+        layer_ops = self._layer_ops()
         x = ops.embedding(xp.asarray(input_ids), p.embed)
-        for i, w in enumerate(p.layers):
+        for i, w in enumerate(self._layers()):
             k_cache, v_cache = kv_cache[0, i], kv_cache[1, i]
 
             def rotate_and_store(*args, k_cache=k_cache, v_cache=v_cache):  # k and v go to the cache here
@@ -172,7 +198,7 @@ class Model:
                                                self.attention_scale)
                 return xp.concatenate([o_cached, o_fresh]), None
 
-            x = layer_forward(ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
+            x = layer_forward(layer_ops, self.cfg, w, x, rope, attend, rotate=rotate_and_store)
         decode = x.shape[0] == cu.shape[0] - 1  # one new token per sequence: every row is a last token
         last = x if decode else x[cu[1:] - 1]
         h, _ = ops.rmsnorm(last, p.final_norm, self.cfg.rms_norm_eps)
@@ -187,28 +213,30 @@ class Model:
         return lambda q, k, v: ops.attention(q, k, v, cu_seqlens, self.attention_scale)
 
     def hidden_states(self, batch: PackedBatch, keep: bool = False, checkpoint: bool = True,
-                      keep_ops=DEFAULT_KEEP):
+                      keep_ops=DEFAULT_KEEP, dropout_seed: int | None = None):
         """Final-normed hidden states (T, C) and what backward needs (keep=True): everything, or under
-        checkpointing each layer's input and the outputs of the ops in `keep_ops`."""
+        checkpointing each layer's input and the outputs of the ops in `keep_ops`. `dropout_seed`: LoRA
+        dropout's seed (a training pass), None for none."""
         ops, p, cfg = self.ops, self.params, self.cfg
+        adapted = self._layer_ops(dropout_seed)
         ids, _, cu = self._packed_inputs(batch)
         rope = self._rope(batch.positions)
         x = ops.embedding(ids, p.embed)
         layer_inputs, kept, saved = [], [], []
-        for w in p.layers:
+        for w in self._layers():
             if keep:  # recomputation starts from these; a forward with no backward needs none
                 layer_inputs.append(x)
-            layer_ops = RecordingOps(ops, keep_ops) if keep and checkpoint else ops
-            x, acts = self._training_layer(layer_ops, ops, w, x, rope, cu, save=keep and not checkpoint)
+            layer_ops = RecordingOps(adapted, keep_ops) if keep and checkpoint else adapted
+            x, acts = self._training_layer(layer_ops, adapted, w, x, rope, cu, save=keep and not checkpoint)
             saved.append(acts)
-            kept.append(layer_ops.outputs if layer_ops is not ops else None)
+            kept.append(layer_ops.outputs if layer_ops is not adapted else None)
         h, rstd = ops.rmsnorm(x, p.final_norm, cfg.rms_norm_eps)
         return h, ForwardState(x, rstd, layer_inputs, kept, saved, rope, cu)
 
     def _training_layer(self, layer_ops, ops, w, x, rope, cu, save: bool):
         """One layer of a training forward -> (x_out, its LayerActivations if `save`, else None, so that they
-        die here). The last op runs on the plain backend: its output is the next layer's input, which
-        recomputation never needs again, so a RecordingOps does not keep it."""
+        die here). The last op runs on `ops`, not the recording stand-in: its output is the next layer's input,
+        which recomputation never needs again, so a RecordingOps does not keep it."""
         acts = layer_activations(layer_ops, self.cfg, w, x, rope, self._attend_packed(layer_ops, cu))
         return layer_output(ops, w, acts), acts if save else None
 
@@ -246,8 +274,9 @@ class Model:
         return loss, metrics, dh
 
     def forward_backward(
-        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer, sampling: SamplingFilter = UNFILTERED,
-        checkpoint: bool = True, keep_ops=DEFAULT_KEEP, token_grad: TokenGrad | None = None,
+        self, batch: PackedBatch, loss_fn: LossFn, grads: ParameterBuffer | LoraWeights,
+        sampling: SamplingFilter = UNFILTERED, checkpoint: bool = True, keep_ops=DEFAULT_KEEP,
+        token_grad: TokenGrad | None = None, dropout_seed: int | None = None,
     ) -> tuple[float, dict]:
         """Forward, loss_fn(logprobs, entropy) -> (loss, dloss/dlogprobs, metrics), backward into grads.
 
@@ -256,10 +285,14 @@ class Model:
         `token_grad`: for a token-local loss, the same gradient as loss_fn's, one chunk of tokens at a time
         (see TokenGrad); unless the sampling filter truncates, the head's backward then runs chunk by chunk
         inside its forward, and loss_fn gives only the loss and the metrics.
+        With LoRA adapters, `grads` is a buffer in their layout (`model.lora.weights.with_flat(...)`), and
+        `dropout_seed` draws their dropout masks (None: no dropout).
         """
         ops, p, cfg = self.ops, self.params, self.cfg
+        self._check_grads(grads)
         f = _trainable(sampling)
-        h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops)
+        h, fwd = self.hidden_states(batch, keep=True, checkpoint=checkpoint, keep_ops=keep_ops,
+                                    dropout_seed=dropout_seed)
         targets = self.xp.asarray(batch.targets)
         rows = LossRows(self.xp, batch.loss_mask)
         if rows.needed:  # the head on the rows that carry a loss only
@@ -271,16 +304,26 @@ class Model:
             loss, metrics, dh = self._head_and_loss(h, targets, loss_fn, token_grad, grads.lm_head, f)
         dx = ops.rmsnorm_backward(dh, fwd.x_final, p.final_norm, fwd.rstd_final, grads.final_norm)
         rope, cu = fwd.rope, fwd.cu_seqlens
+        adapted, layers = self._layer_ops(dropout_seed), self._layers()
         for i in reversed(range(cfg.num_hidden_layers)):
             acts = fwd.saved[i]
             if acts is None:  # checkpointed: recompute this layer from its input and its kept outputs
-                replay = ReplayingOps(ops, keep_ops, fwd.kept[i])
-                acts = layer_activations(replay, cfg, p.layers[i], fwd.layer_inputs[i], rope,
+                replay = ReplayingOps(adapted, keep_ops, fwd.kept[i])
+                acts = layer_activations(replay, cfg, layers[i], fwd.layer_inputs[i], rope,
                                          self._attend_packed(replay, cu))
-            dx = layer_backward(ops, cfg, p.layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
+            dx = layer_backward(adapted, cfg, layers[i], grads.layers[i], acts, dx, rope, cu, self.attention_scale)
             fwd.saved[i] = fwd.layer_inputs[i] = fwd.kept[i] = None  # free as we go
-        ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
+        if grads.embed is not None:  # None: a frozen base (LoRA)
+            ops.embedding_backward(dx, self.xp.asarray(batch.input_ids), grads.embed)
         return loss, metrics
+
+    def _check_grads(self, grads) -> None:
+        """Gradients go to what is trained: the adapters under LoRA, else every parameter."""
+        if self.lora is not None and not isinstance(grads, LoraWeights):
+            raise ValueError("forward_backward: this model has LoRA adapters; grads must be a buffer in the "
+                             "adapters' layout (model.lora.weights.with_flat)")
+        if self.lora is None and isinstance(grads, LoraWeights):
+            raise ValueError("forward_backward: grads are in a LoRA layout, but this model has no adapters")
 
     def zeros_like_params(self, dtype="float32") -> ParameterBuffer:
         return ParameterBuffer.zeros(self.cfg, self.xp, resolve_dtype(dtype))

@@ -67,6 +67,10 @@ class ParameterBuffer:
         total = sum(math.prod(s) for _, s in parameter_shapes(cfg))
         return cls(cfg, xp.zeros(total, dtype=dtype))
 
+    def with_flat(self, flat) -> ParameterBuffer:
+        """The same layout over another flat array (the optimizer's master, moments and gradients)."""
+        return ParameterBuffer(self.cfg, flat)
+
     def _view(self, name: str):
         off, shape = self.offsets[name]
         return self.flat[off : off + math.prod(shape)].reshape(shape)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from barerl.config import ConfigError
+from barerl.model.lora import ALL_LINEAR, TARGET_MODULES, resolve_target_modules
 from barerl.model.recompute import DEFAULT_KEEP, RECOMPUTABLE
 from barerl.model.sampling_filter import SamplingFilter, SamplingFilterError
 
@@ -74,6 +75,21 @@ class TrainConfig:
     stochastic_rounding: bool = opt(True, "Round the fp32 master weights to bf16 working weights "
                                     "stochastically (unbiased) after each step; rounding to nearest loses "
                                     "updates below bf16's resolution, i.e. most of them at small learning rates.")
+    # LoRA: the base frozen, low-rank adapters trained (peft's parametrisation; TRL's option names)
+    lora_r: int = opt(0, "LoRA rank: > 0 freezes the base weights and trains rank-r adapters of "
+                      "lora_target_modules (fp32 master and AdamW state for the adapters alone; the engine applies "
+                      "them on the fly); 0 trains every parameter.", min=0)
+    lora_alpha: float = opt(32.0, "LoRA scale numerator: an adapter adds (lora_alpha / lora_r) B A to its weight.",
+                            gt=0.0)
+    lora_dropout: float = opt(0.0, "Dropout on the adapters' inputs in training passes (never in generation; "
+                              "in GRPO it sets the trainer's log-probs apart from the engine's).", min=0.0,
+                              max=0.99)
+    lora_target_modules: tuple[str, ...] = opt(
+        (ALL_LINEAR,), f"Projections that get adapters, comma-separated: {', '.join(TARGET_MODULES)}, or "
+        f"{ALL_LINEAR} (all of them; never the LM head).", choices=(*TARGET_MODULES, ALL_LINEAR))
+    lora_adapter: str | None = opt(None, "A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
+                                   "to start from, over `model`: turns LoRA on with the adapter's r, lora_alpha "
+                                   "and target modules.")
     # Length of training and batching
     max_steps: int = opt(-1, "Number of optimizer steps; -1: derived from num_train_epochs.", min=-1)
     num_train_epochs: float = opt(3.0, "Passes over the dataset (used when max_steps is -1).", gt=0.0)
@@ -120,6 +136,7 @@ class TrainConfig:
         if self.resume_from_checkpoint is not None and self.resume_from_checkpoint.lower() in ("true", "false"):
             latest = self.resume_from_checkpoint.lower() == "true"
             object.__setattr__(self, "resume_from_checkpoint", "latest" if latest else None)
+        resolve_target_modules(self.lora_target_modules)  # 'all-linear' alone
         if "none" in self.report_to and len(self.report_to) > 1:
             raise ConfigError(f"report_to: 'none' cannot be combined with others, got {list(self.report_to)}")
 

@@ -25,6 +25,9 @@ the arrays in use (zeros on the CPU).
 On N processes (`barerl.distributed`) each generates and scores its share of the prompts, whole groups; the
 rollouts are gathered, so every process holds the batch one process would have and trains on its block of
 its micro-batches; normalisers and metrics are the whole batch's.
+With LoRA (`lora_r`, `lora_adapter`; model/lora.py) the engine generates with the adapters the optimizer
+rewrites in place, the trainer's passes draw their dropout masks from (seed, step, micro-batch), and the KL
+reference is the frozen base itself (peft's disabled adapters): no copy of the weights.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 
 from barerl.distributed import process_group
 from barerl.distributed.rollouts import gather_rollouts, generation_plan
+from barerl.model.lora import training_dropout_seed
 from barerl.model.model import Model
 from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
@@ -169,7 +173,10 @@ def _memory_metrics(generate: DeviceMemory, train: DeviceMemory) -> dict:
 
 
 def _frozen_copy(model: Model) -> Model:
-    """The KL reference: its own weights, sharing nothing mutable with the policy."""
+    """The KL reference: its own weights, sharing nothing mutable with the policy. Under LoRA it is the base
+    model without the adapters (as peft's disabled adapters), the frozen weights shared, not copied."""
+    if model.lora is not None:
+        return Model(model.cfg, model.params, model.device)
     return Model(model.cfg, ParameterBuffer(model.cfg, model.params.flat.copy()), model.device)
 
 
@@ -229,11 +236,12 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     # log-probs of the whole step, for the mismatch stats
     seen = {"engine": [], "trainer": [], "mask": []} if measure_mismatch else None
     results = []  # this rank's micro-batches: (loss, entropy sum, metrics, loss tokens, tokens)
-    for tb, grads in dp.micro_batch_gradients(dp.local(batches), run.optimizer.grads):
+    numbered = dp.local(list(enumerate(batches)))  # the step's index of each: the dropout seed's, on any rank
+    for (index, tb), grads in dp.micro_batch_gradients(numbered, run.optimizer.grads):
         if tb.batch.num_loss_tokens == 0:
             continue
         part, entropy, metrics = _micro_batch(run, model, tb, grads, cfg, num_items, num_sequences, len(batches),
-                                              seen, memory)
+                                              seen, memory, training_dropout_seed(cfg.seed, run.step, index))
         results.append((part, entropy, metrics, tb.batch.num_loss_tokens, tb.batch.num_tokens))
     loss, entropy_sum, tokens = 0.0, 0.0, 0
     for part, entropy, metrics, loss_tokens, num_tokens in dp.gather_in_order(results, "step metrics"):
@@ -255,8 +263,8 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
 
 
 def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, grads, cfg: GRPOConfig, num_items: int,
-                 num_sequences: int, num_micro_batches: int, seen: dict | None,
-                 memory: DeviceMemory) -> tuple[float, float, dict]:
+                 num_sequences: int, num_micro_batches: int, seen: dict | None, memory: DeviceMemory,
+                 dropout_seed: int) -> tuple[float, float, dict]:
     """One micro-batch's forward and backward into `grads`: (loss, entropy sum, metrics).
 
     A function of its own so that what it allocates (the loss's per-token arrays and the closure holding them;
@@ -279,7 +287,8 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, grads, cfg:
 
     loss, metrics = model.forward_backward(tb.batch, loss_fn, grads, cfg.sampling_filter,
                                            checkpoint=cfg.gradient_checkpointing,
-                                           keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad)
+                                           keep_ops=cfg.gradient_checkpointing_keep, token_grad=policy.token_grad,
+                                           dropout_seed=dropout_seed)
     return loss, entropy_sum, metrics
 
 

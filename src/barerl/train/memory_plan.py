@@ -21,6 +21,11 @@ Design decisions:
   dropped): its own phase, which the check covers when checkpoints are written.
 - Sizes are upper bounds where the run's data decides (the longest micro-batch: whole sequences of the longest
   prompt and completion; the head on every token of it).
+- LoRA (model/lora.py): the base weights stay in the working dtype, frozen, with no gradient and no optimizer
+  state; the adapters' flat buffer (the block-diagonal B's zeros included) has the working dtype too, and the
+  gradients, master, moments, offload and staging are the adapters' alone. The KL reference is the base
+  itself (no copy). A layer's backward holds, per adapted product, the adapters' input (a copy, with dropout),
+  their rank-wide products u and du, and the input gradient of the adapter path.
 - Fixed costs outside the pool (the CUDA context, kernel modules, cuBLASLt's workspace) are not phases'
   parts: the check leaves `HEADROOM_BYTES` for them (train/memory_check.py).
 """
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from barerl.config import ModelConfig
+from barerl.model.lora import LoraConfig, lora_buffer_size, lora_config_of, lora_offsets
 from barerl.ops.common import DEFAULT_LM_HEAD_CHUNK
 from barerl.train.config import GRPOConfig, SFTConfig, TrainConfig
 from barerl.train.optimizer import STREAM_CHUNK
@@ -166,7 +172,8 @@ class _Sizes:
         master = 0 if self.fp32_weights else 2 if low_halves else 4
         return master + 8 + (1 if train.weight_decay else 0)
 
-    def activations(self, tokens: int, checkpoint: bool, keep: tuple[str, ...]) -> tuple[Part, Part]:
+    def activations(self, tokens: int, checkpoint: bool, keep: tuple[str, ...],
+                    lora: LoraConfig | None = None) -> tuple[Part, Part]:
         """(what the forward leaves for backward, the largest transient work on top of it) for `tokens`."""
         c, a = self.cfg, self.itemsize
         ops = op_output_bytes(c, a)
@@ -178,53 +185,83 @@ class _Sizes:
         layer_gradients = (3 * I + 4 * C + H * D + 2 * qkv) * a  # every array layer_backward makes
         attention_scratch = H * D * 4 + H * 4  # fp32 dq accumulator, delta
         stream = 4 * C * a  # dx passed down, the head's h and dh, the final layer's output
-        backward = (full - kept + layer_gradients + attention_scratch + stream) * tokens
+        adapter_work = 0
+        if lora is not None:  # an adapted product's backward: its input (dropped out), u, du, the adapter's dx
+            widest_in, widest_rank, _ = lora_widths(c, lora)
+            adapter_work = (2 * widest_in + 2 * widest_rank) * a
+        backward = (full - kept + layer_gradients + attention_scratch + stream + adapter_work) * tokens
         chunk = min(DEFAULT_LM_HEAD_CHUNK, tokens)
         head = chunk * c.vocab_size * (4 + a) + (5 * C * a + 24) * tokens  # logits, dlogits; h, rows, dh, stats
         return Part("activations kept for backward", saved), Part("one layer's backward or the LM head",
                                                                   max(backward, head))
 
 
+def lora_widths(cfg: ModelConfig, lora: LoraConfig) -> tuple[int, int, int]:
+    """The widest adapted product's input features, adapter rank (n r of a fused site) and output features."""
+    shapes = [shape for name, (_, shape) in lora_offsets(cfg, lora).items() if name.startswith("model.layers.0.")]
+    a_shapes, b_shapes = shapes[0::2], shapes[1::2]  # each site's A (n r, in), then its B (out, n r)
+    return max(s[1] for s in a_shapes), max(s[0] for s in a_shapes), max(s[0] for s in b_shapes)
+
+
 # ------------------------------------------------------------------------------------------------- plans
 
 
 def plan_training(cfg: ModelConfig, dtype: str, train: TrainConfig, block_size: int = DEFAULT_BLOCK_SIZE,
-                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> MemoryPlan:
-    """The plan of an SFT or GRPO run of `cfg` with `dtype` working weights ("bfloat16", "float16", "float32")."""
+                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                  adapter: LoraConfig | None = None) -> MemoryPlan:
+    """The plan of an SFT or GRPO run of `cfg` with `dtype` working weights ("bfloat16", "float16", "float32").
+    `adapter`: the LoRA adapters the run starts from (a PEFT folder's, or the given model's); None: those
+    `train.lora_r` asks for, if any."""
     sizes = _Sizes.of(cfg, dtype)
+    lora = adapter if adapter is not None else lora_config_of(train)
     P, grpo = sizes.parameters, isinstance(train, GRPOConfig)
+    N = P if lora is None else lora_buffer_size(cfg, lora)  # what the optimizer trains
+    trained = "" if lora is None else "adapter "
     offloaded = grpo and train.offload_optimizer
     share = train.offload_optimizer_ratio if offloaded else 0.0
-    host_elements = round(share * P)
+    host_elements = round(share * N)
     state = sizes.state_bytes(train, offloaded)
     weights = Part(f"weights ({dtype})", P * sizes.itemsize)
-    gradients = Part("gradients (fp32)", P * 4)
-    kept_name = "optimizer state" if not offloaded else f"optimizer state kept ({1 - share:.0%})"
-    kept = Part(kept_name, (P - host_elements) * state)
-    reference = [Part("reference model (beta > 0)", P * sizes.itemsize)] if grpo and train.beta > 0 else []
+    adapters = [Part(f"LoRA adapters ({dtype})", N * sizes.itemsize)] if lora is not None else []
+    gradients = Part(f"{trained}gradients (fp32)", N * 4)
+    kept_name = f"{trained}optimizer state" + ("" if not offloaded else f" kept ({1 - share:.0%})")
+    kept = Part(kept_name, (N - host_elements) * state)
+    copied_reference = grpo and train.beta > 0 and lora is None  # under LoRA the reference is the base itself
+    reference = [Part("reference model (beta > 0)", P * sizes.itemsize)] if copied_reference else []
     tokens = micro_batch_tokens(train)
-    saved, work = sizes.activations(tokens, train.gradient_checkpointing, train.gradient_checkpointing_keep)
+    saved, work = sizes.activations(tokens, train.gradient_checkpointing, train.gradient_checkpointing_keep, lora)
     staging = [Part("streamed optimizer staging", 2 * min(STREAM_CHUNK, host_elements) * state)] if offloaded else []
-    train_parts = (weights, gradients, kept, *reference, saved, work, *staging)
+    train_parts = (weights, *adapters, gradients, kept, *reference, saved, work, *staging)
     phases = [Phase("train", tuple(p for p in train_parts if p.nbytes))]
     if grpo:
-        engine = _engine_parts(sizes, train, block_size, max_num_batched_tokens)
-        generate = (weights, *([] if offloaded else [gradients]), kept, *reference, *engine)
+        engine = _engine_parts(sizes, train, block_size, max_num_batched_tokens, lora)
+        generate = (weights, *adapters, *([] if offloaded else [gradients]), kept, *reference, *engine)
         phases.insert(0, Phase("generate", tuple(p for p in generate if p.nbytes)))
     if offloaded and train.save_strategy != "no":
-        whole = Part("optimizer state, restored whole", P * sizes.state_bytes(train, offloaded=False))
-        rebuild = Part("master's low halves (offload)", P * 2 if state != sizes.state_bytes(train, False) else 0)
-        phases.append(Phase("checkpoint", tuple(p for p in (weights, whole, *reference, rebuild) if p.nbytes)))
-    host = (Part(f"optimizer state offloaded ({share:.0%})", host_elements * state),) if offloaded else ()
+        whole = Part(f"{trained}optimizer state, restored whole", N * sizes.state_bytes(train, offloaded=False))
+        rebuild = Part("master's low halves (offload)", N * 2 if state != sizes.state_bytes(train, False) else 0)
+        checkpoint = (weights, *adapters, whole, *reference, rebuild)
+        phases.append(Phase("checkpoint", tuple(p for p in checkpoint if p.nbytes)))
+    host = (Part(f"{trained}optimizer state offloaded ({share:.0%})", host_elements * state),) if offloaded else ()
     recompute = (f"recomputation keeping {','.join(train.gradient_checkpointing_keep) or 'nothing'}"
                  if train.gradient_checkpointing else "no recomputation")
-    count = f"{P / 1e9:.2f} B" if P >= 1e8 else f"{P / 1e6:.2f} M"
-    title = (f"memory plan (GiB): {cfg.architecture}, {count} parameters, {dtype} weights, micro-batches of up to "
-             f"{tokens:,} tokens, {recompute}")
+    title = (f"memory plan (GiB): {cfg.architecture}, {_count(P)} parameters, {dtype} weights, "
+             f"{_lora_title(lora, N)}micro-batches of up to {tokens:,} tokens, {recompute}")
     return MemoryPlan(title, tuple(phases), host, host_elements * state)  # up; the mask does not come back
 
 
-def _engine_parts(sizes: _Sizes, train: GRPOConfig, block_size: int, max_num_batched_tokens: int) -> list[Part]:
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def _lora_title(lora: LoraConfig | None, trained: int) -> str:
+    if lora is None:
+        return ""
+    return f"LoRA r={lora.r} on {','.join(lora.target_modules)} ({_count(trained)} adapter parameters, base frozen), "
+
+
+def _engine_parts(sizes: _Sizes, train: GRPOConfig, block_size: int, max_num_batched_tokens: int,
+                  lora: LoraConfig | None = None) -> list[Part]:
     c, a = sizes.cfg, sizes.itemsize
     sequences = train.effective_generation_batch_size
     prompt = train.max_prompt_length or 512
@@ -235,5 +272,9 @@ def _engine_parts(sizes: _Sizes, train: GRPOConfig, block_size: int, max_num_bat
     kv = Part(f"KV cache ({blocks:,} blocks of {block_size})", blocks * block_size * kv_bytes_per_token(c, a))
     graphs = sequences * c.vocab_size * 8  # each row's fp32 logits and its sampler's keys
     prefill_tokens = min(max_num_batched_tokens, sequences // train.num_generations * prompt)
-    prefill = prefill_tokens * (sum(op_output_bytes(c, a).values()) + 2 * c.hidden_size * a)
+    adapter = 0
+    if lora is not None:  # an adapted product's u and its delta, before the base product reads it
+        _, widest_rank, widest_out = lora_widths(c, lora)
+        adapter = (widest_rank + widest_out) * a
+    prefill = prefill_tokens * (sum(op_output_bytes(c, a).values()) + 2 * c.hidden_size * a + adapter)
     return [kv, Part("engine graphs and prefill scratch", graphs + prefill)]

@@ -1,10 +1,11 @@
 """AdamW over the flat parameter buffer: fp32 master weights, fp32 moments, one fused update per step.
 
 Design:
-- The optimizer owns four flat fp32 buffers laid out like the model's (`ParameterBuffer`): gradients,
-  master weights and the two moments. Backward passes accumulate into `grads`; `step` turns them into an
-  update of the master weights and writes the working weights (the model's own buffer, which the engine
-  reads) in the same pass. When the working weights are already fp32 they *are* the master weights: no
+- The optimizer owns four flat fp32 buffers over the buffer it trains (the model's `ParameterBuffer`, or under
+  LoRA the adapters' `LoraWeights`: any flat layout with named views and `with_flat`): gradients (in that
+  layout, `params.with_flat`), master weights and the two moments. Backward passes accumulate into `grads`;
+  `step` turns them into an update of the master weights and writes the working weights (the model's own
+  buffer, or the adapters', which the engine reads) in the same pass. When the working weights are already fp32 they *are* the master weights: no
   second copy is kept.
 - Weight decay skips norms and biases, as Hugging Face's Trainer does (`is_norm_or_bias`); the selection is
   a per-element mask built once, so the update stays one elementwise pass.
@@ -55,6 +56,7 @@ from types import ModuleType
 
 import numpy as np
 
+from barerl.model.lora import LoraWeights
 from barerl.model.weights import ParameterBuffer, is_norm_or_bias
 from barerl.ops.common import BFLOAT16
 from barerl.ops.ref.adamw import master_from_low16, stochastic_round_bfloat16
@@ -67,7 +69,7 @@ CHECK_CHUNK = 1 << 22  # elements per pass of the master's split into halves (bo
 class AdamW:
     def __init__(
         self,
-        params: ParameterBuffer,
+        params: ParameterBuffer | LoraWeights,
         backend: ModuleType,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -77,7 +79,7 @@ class AdamW:
         shard: slice | None = None,
         offload: float | None = None,
     ):
-        self.params = params  # working weights: the model's buffer, rewritten by every step
+        self.params = params  # working weights: the model's buffer (or the adapters'), rewritten by every step
         self.shard = shard if shard is not None else slice(0, params.flat.shape[0])  # the elements it updates
         self.working = params.flat[self.shard]  # their working weights
         self.backend = backend
@@ -94,7 +96,7 @@ class AdamW:
         self.kept = 0  # while offloaded: elements 0 .. kept - 1 of the state stay on the device (in _device)
         self._device: dict[str, object] = {}  # while offloaded: the state's kept part
         self._host: dict[str, np.ndarray] = {}  # offload's host buffers (the rest), kept for the next offload
-        self._grads: ParameterBuffer | None = None
+        self._grads: ParameterBuffer | LoraWeights | None = None
         self.master = self.working if self.shares_master else None  # flat (shard,), like the moments
         if offload is None:
             self._start_resident()
@@ -107,11 +109,12 @@ class AdamW:
             self.master = self.working.astype(np.float32)
         self.exp_avg = xp.zeros(n, np.float32)
         self.exp_avg_sq = xp.zeros(n, np.float32)
-        self._grads = ParameterBuffer.zeros(self.params.cfg, xp, np.float32)
+        self._grads = self._zero_grads()
         self.decay_mask = self._build_decay_mask(xp) if self.weight_decay else None
 
     @classmethod
-    def from_config(cls, params: ParameterBuffer, backend: ModuleType, cfg, shard: slice | None = None) -> AdamW:
+    def from_config(cls, params: ParameterBuffer | LoraWeights, backend: ModuleType, cfg,
+                    shard: slice | None = None) -> AdamW:
         """From a `barerl.train.config.TrainConfig` (adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
         stochastic_rounding with the run's seed; GRPO's offload_optimizer and its ratio: born offloaded)."""
         offload = cfg.offload_optimizer_ratio if getattr(cfg, "offload_optimizer", False) else None
@@ -130,11 +133,15 @@ class AdamW:
                 mask[offset : offset + math.prod(shape)] = 0
         return xp.asarray(mask[self.shard])
 
+    def _zero_grads(self) -> ParameterBuffer | LoraWeights:
+        """A zero fp32 gradient buffer in the trained buffer's layout."""
+        return self.params.with_flat(self.xp.zeros(self.params.flat.shape[0], np.float32))
+
     @property
-    def grads(self) -> ParameterBuffer:
+    def grads(self) -> ParameterBuffer | LoraWeights:
         """The fp32 gradient buffer backward passes accumulate into (zeros again after an offload)."""
         if self._grads is None:
-            self._grads = ParameterBuffer.zeros(self.params.cfg, self.xp, np.float32)
+            self._grads = self._zero_grads()
         return self._grads
 
     def zero_grad(self) -> None:

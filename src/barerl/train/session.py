@@ -7,15 +7,24 @@ derived from (seed, step)), so a resumed run takes the same next steps as one ne
 Started as several processes (`mpirun`, `srun`), it holds the job's `DataParallel`: each process takes its
 GPU, its optimizer shard and its share of every step; rank 0 alone writes logs and checkpoints, which every
 rank resumes from, whatever their number.
+
+With LoRA (`lora_r` > 0 or `lora_adapter`) the session gives the model adapters (the model object the caller
+passed in, so what it generates with afterwards has them) and the optimizer trains them alone, sharded across
+processes as the full parameters are; checkpoints hold the adapter (PEFT format, naming the base model's path)
+and its optimizer state, and a resumed run takes its base from `model` again and its adapters from the
+optimizer's master.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from barerl.distributed import DataParallel, process_group
+from barerl.model.lora import add_lora, lora_config_of
 from barerl.model.model import Model
+from barerl.model.peft_format import adapter_base, is_adapter, load_adapter, read_adapter, write_adapter
 from barerl.tokenizer import load_tokenizer
 from barerl.train.metrics import MetricsLogger, SilentLogger
 from barerl.train.optimizer import AdamW
@@ -53,12 +62,14 @@ class TrainingSession:
                 group.select_gpu()
             model = Model.from_pretrained(cfg.model, device=self.device, dtype=resolve_auto_dtype(cfg.dtype, self.device),
                                           batch_invariant=bool(batch_invariant))
+        attach_lora(cfg, model)  # before the model for this run's arithmetic is made: it shares the adapters
         self.model = model if batch_invariant is None else model.with_batch_invariant(batch_invariant)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         if self.tokenizer is None:
             raise ValueError(f"model: {cfg.model} has no tokenizer (a folder needs tokenizer.json)")
-        self.data_parallel = DataParallel.from_config(group, model.params, self.device, cfg)
-        self.optimizer = AdamW.from_config(model.params, model.backend, cfg, shard=self.data_parallel.optimizer_shard)
+        trained = model.params if model.lora is None else model.lora.weights
+        self.data_parallel = DataParallel.from_config(group, trained, self.device, cfg)
+        self.optimizer = AdamW.from_config(trained, model.backend, cfg, shard=self.data_parallel.optimizer_shard)
         self.total_steps = total_steps
         self.schedule = make_schedule(cfg.lr_scheduler_type, cfg.learning_rate, total_steps, cfg.warmup_steps,
                                       cfg.warmup_ratio)
@@ -76,8 +87,9 @@ class TrainingSession:
             return {}
         from barerl.model.checkpoint import load_checkpoint
 
-        _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
-        self.model.params.flat[...] = params.flat
+        if self.model.lora is None:  # under LoRA the optimizer's master brings the adapters back
+            _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
+            self.model.params.flat[...] = params.flat
         state = load_training_state(path, optimizer=self.optimizer)
         self.step, self.resumed_from = state.step, path
         return state.data
@@ -112,7 +124,15 @@ class TrainingSession:
             self.output_dir, self.step, optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
             data_state, dataclasses.asdict(self.cfg), params=self.model.params, tokenizer=self.tokenizer,
             save_total_limit=self.cfg.save_total_limit,
+            write_model=None if self.model.lora is None else self._write_adapter,
         ), "checkpoint")
+
+    def _write_adapter(self, folder) -> None:
+        base = self.cfg.model
+        if base and is_adapter(base):  # started from an adapter given as the model: its base is the base
+            base = adapter_base(base)
+        write_adapter(folder, self.model.lora, os.path.abspath(base) if base and os.path.exists(base) else base)
+        self.tokenizer.save_pretrained(folder)
 
     def finish(self) -> str:
         """Close the logger, draw the curves; returns the run's summary text."""
@@ -121,3 +141,24 @@ class TrainingSession:
         self.logger.close()
         self.logger.plot()
         return self.logger.summary()
+
+
+def attach_lora(cfg, model: Model) -> None:
+    """The adapters the config asks for: fresh ones (lora_r > 0, seeded by the run's seed) or a PEFT adapter's
+    (lora_adapter); nothing without either (a model given with adapters keeps them; one loaded from an adapter
+    folder as `model` takes the run's lora_dropout)."""
+    if not (cfg.lora_r or cfg.lora_adapter):
+        if model.lora is not None and cfg.model and is_adapter(cfg.model):
+            model.lora.config = dataclasses.replace(model.lora.config, lora_dropout=cfg.lora_dropout)
+        return
+    if model.lora is not None:
+        raise ValueError("lora_r / lora_adapter: the model has LoRA adapters already (leave both unset to train "
+                         "those)")
+    if cfg.lora_adapter:
+        r = read_adapter(cfg.lora_adapter)[0].r
+        if cfg.lora_r not in (0, r):
+            raise ValueError(f"lora_r={cfg.lora_r}, but the adapter {cfg.lora_adapter} has r={r} (leave lora_r at 0 "
+                             "to take the adapter's)")
+        load_adapter(model, cfg.lora_adapter, cfg.lora_dropout)
+        return
+    add_lora(model, lora_config_of(cfg), seed=cfg.seed)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from barerl.distributed import process_group
+from barerl.model.lora import training_dropout_seed
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
@@ -104,12 +105,14 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
         normaliser = max(sum(b.num_loss_tokens for b in batches), 1)
         run.optimizer.zero_grad()
         parts = []
-        for batch, grads in dp.micro_batch_gradients(dp.local(batches), run.optimizer.grads):
+        numbered = dp.local(list(enumerate(batches)))  # the step's index of each: the dropout seed's, on any rank
+        for (index, batch), grads in dp.micro_batch_gradients(numbered, run.optimizer.grads):
             mask = model.xp.asarray(batch.loss_mask)
             part, _ = model.forward_backward(
                 batch, lambda logp, entropy, mask=mask, n=normaliser: (*sft_loss(logp, mask, n), {}),
                 grads, checkpoint=cfg.gradient_checkpointing,
                 keep_ops=cfg.gradient_checkpointing_keep, token_grad=sft_token_grad(mask, normaliser),
+                dropout_seed=training_dropout_seed(cfg.seed, run.step, index),
             )
             parts.append(part)
         loss = 0.0

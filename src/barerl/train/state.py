@@ -8,6 +8,10 @@ Layout of `output_dir/checkpoint-{step}/`:
     trainer_state/state.json                               step, optimizer scalars, scheduler, RNG and data
                                                            position, the run's config, extra; written last
 
+A LoRA run writes its adapter in PEFT's format instead of the model (adapter_config.json, naming the base
+model's path, + adapter_model.safetensors, with the tokenizer files), and its optimizer arrays are the
+adapters' alone.
+
 Design decisions:
 - Atomic (formats/atomic.py): everything is written into `output_dir/.tmp-checkpoint-{step}-XXXX/`, fsynced,
   then renamed to `checkpoint-{step}`. A crash mid-save leaves only a temp folder, which `latest_checkpoint`
@@ -15,7 +19,8 @@ Design decisions:
   the oldest checkpoints only after the new one is in place.
 - Non-array state is JSON (readable, diffable); the RNG state is whatever JSON-able value the loop gives
   (e.g. `np.random.Generator.bit_generator.state`); NumPy scalars and arrays in it become numbers/lists.
-- The optimizer arrays are stored flat, in the `ParameterBuffer` layout, which the model config fixes.
+- The optimizer arrays are stored flat, in the `ParameterBuffer` layout, which the model config fixes (under
+  LoRA in the adapters' `LoraWeights` layout, which the model config and the adapter's fix).
 """
 
 from __future__ import annotations
@@ -69,19 +74,23 @@ def save_training_state(
     params=None,
     tokenizer=None,
     save_total_limit: int | None = None,
+    write_model=None,
 ) -> Path:
     """Write `output_dir/checkpoint-{step}` atomically and return its path.
 
     `optimizer` is a `barerl.train.optimizer.AdamW` (or anything with the same `state_dict`); `params` is
     the model's working-weight `ParameterBuffer` (its `.cfg` is the model config), written in Hugging Face
-    format with `tokenizer` beside it; without `params` only the trainer state is written.
+    format with `tokenizer` beside it; `write_model(folder)` instead writes the model's files its own way (a
+    LoRA adapter); with neither only the trainer state is written.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(output_dir)
     final = output_dir / f"checkpoint-{step}"
     with atomic_folder(final, temp_prefix=f"{TEMP_PREFIX}{step}-") as tmp:
-        if params is not None:
+        if write_model is not None:
+            write_model(tmp)
+        elif params is not None:
             write_checkpoint(tmp, params.cfg, params, tokenizer=tokenizer)
         _write_trainer_state(tmp / STATE_DIR, step, optimizer, scheduler_state, rng_state, data_state,
                              config, extra or {})

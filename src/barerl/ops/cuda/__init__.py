@@ -12,6 +12,7 @@ from barerl.ops.ref import *  # the ops without a kernel; the lines below replac
 from barerl.ops.cuda.adamw import adamw_step, grad_norm  # noqa: F401
 from barerl.ops.cuda.advance_decode import advance_decode  # noqa: F401
 from barerl.ops.cuda.attention import attention, attention_backward  # noqa: F401
+from barerl.ops.cuda.dropout import dropout, dropout_backward  # noqa: F401
 from barerl.ops.cuda.embedding import embedding, embedding_backward  # noqa: F401
 from barerl.ops.cuda.kv_cache import store_kv  # noqa: F401
 from barerl.ops.cuda.linear import linear, linear_backward  # noqa: F401

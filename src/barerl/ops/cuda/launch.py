@@ -29,18 +29,21 @@ def contiguous(x):
     return x if x.flags.c_contiguous else cupy.ascontiguousarray(x)
 
 
-def fp32_accumulator(dw):
+def fp32_accumulator(dw, like=None):
     """Where a kernel may atomically add fp32 gradients for `dw`: dw itself when it is contiguous fp32,
-    else a zeroed fp32 scratch that `finish_accumulation` adds into dw afterwards."""
+    else a zeroed fp32 scratch that `finish_accumulation` adds into dw afterwards. dw None (a frozen weight):
+    a scratch shaped like `like`, whose sums are dropped (the kernels always accumulate)."""
     import cupy
 
+    if dw is None:
+        return cupy.zeros(like.shape, np.float32)
     if dw.dtype == np.float32 and dw.flags.c_contiguous:
         return dw
     return cupy.zeros(dw.shape, np.float32)
 
 
 def finish_accumulation(dw, acc) -> None:
-    if acc is not dw:
+    if dw is not None and acc is not dw:
         dw[...] = (dw.astype(np.float32) + acc).astype(dw.dtype)
 
 

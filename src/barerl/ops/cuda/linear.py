@@ -22,16 +22,17 @@ def _cast(x, dtype):
     return x if x is None or x.dtype == dtype else x.astype(dtype)
 
 
-def linear(x, w, bias=None, residual=None, batch_invariant=False):
-    """y = x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N), x's dtype."""
+def linear(x, w, bias=None, residual=None, scale=1.0, batch_invariant=False):
+    """y = scale * x @ w.T + bias + residual. x (T, K), w (N, K), bias (N,), residual (T, N) -> (T, N), x's
+    dtype (scale is the product's alpha)."""
     import cupy
 
     w, bias, residual = _cast(w, x.dtype), _cast(bias, x.dtype), _cast(residual, x.dtype)
     out = cupy.empty((x.shape[0], w.shape[0]), x.dtype)
     if residual is not None:
         residual = cupy.ascontiguousarray(residual)
-    return matmul(x, w, out, transb=True, beta=0.0 if residual is None else 1.0, c=residual, bias=bias,
-                  batch_invariant=batch_invariant)
+    return matmul(x, w, out, transb=True, alpha=float(scale), beta=0.0 if residual is None else 1.0, c=residual,
+                  bias=bias, batch_invariant=batch_invariant)
 
 
 def _ones_column(n: int, dtype):
@@ -46,15 +47,20 @@ def _ones_column(n: int, dtype):
     return ones[:n]
 
 
-def linear_backward(dy, x, w, dw, dbias=None, batch_invariant=False):
-    """dw (N, K) += dy.T @ x; dbias (N,) += sum(dy); returns dx = dy @ w (T, K) in x's dtype."""
+def linear_backward(dy, x, w, dw, dbias=None, scale=1.0, residual_grad=None, batch_invariant=False):
+    """dw (N, K) += scale * dy.T @ x (dw None: a frozen weight, no product); dbias (N,) += sum(dy); returns
+    dx = scale * dy @ w (+ residual_grad (T, K), the C operand) in x's dtype."""
     import cupy
 
     w = _cast(w, dy.dtype)
     x = _cast(x, dy.dtype)
-    matmul(dy, x, dw, transa=True, beta=1.0, batch_invariant=batch_invariant)
+    if dw is not None:
+        matmul(dy, x, dw, transa=True, alpha=float(scale), beta=1.0, batch_invariant=batch_invariant)
     if dbias is not None:
         matmul(dy, _ones_column(dy.shape[0], dy.dtype), dbias.reshape(-1, 1), transa=True, beta=1.0,
                batch_invariant=batch_invariant)
     dx = cupy.empty((dy.shape[0], w.shape[1]), x.dtype)
-    return matmul(dy, w, dx, batch_invariant=batch_invariant)
+    if residual_grad is not None:
+        residual_grad = cupy.ascontiguousarray(_cast(residual_grad, x.dtype))
+    return matmul(dy, w, dx, alpha=float(scale), beta=0.0 if residual_grad is None else 1.0, c=residual_grad,
+                  batch_invariant=batch_invariant)

@@ -54,13 +54,16 @@ class _ChunkedHead:
         kernel((b - a,), (_THREADS,), args)
 
     def backward(self, a, b, dlogprobs, lse, dh, dw):
-        """dh[a:b] and dw += ... from the scratch's logits; dlogprobs, lse: rows a:b, contiguous fp32."""
+        """dh[a:b] and dw += ... (dw None: a frozen head) from the scratch's logits; dlogprobs, lse: rows a:b,
+        contiguous fp32."""
         kernel = load_kernel("lm_head.cu", "lm_head_dlogits", self.defines)
         args = (self.dlogits, self.logits, self.targets[a:b], lse, dlogprobs, np.int32(self.vocab),
                 np.float32(self.inv_temperature))
         kernel((b - a,), (_THREADS,), args)
         matmul(self.dlogits[: b - a], self.w, dh[a:b], batch_invariant=self.batch_invariant)
-        matmul(self.dlogits[: b - a], self.h[a:b], dw, transa=True, beta=1.0, batch_invariant=self.batch_invariant)
+        if dw is not None:
+            matmul(self.dlogits[: b - a], self.h[a:b], dw, transa=True, beta=1.0,
+                   batch_invariant=self.batch_invariant)
 
 
 def _row_stats(num_rows: int):

@@ -130,7 +130,7 @@ def _forward(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, 
 def qk_norm_rope_backward(
     dout, qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, q_rstd, k_rstd, dq_norm, dk_norm
 ):
-    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated."""
+    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated (None: frozen)."""
     import cupy
 
     if not _kernel_handles(qkv, num_heads, num_kv_heads):
@@ -142,8 +142,8 @@ def qk_norm_rope_backward(
     kernel, grid, block = _setup(qkv, num_heads, num_kv_heads, cos, "qk_norm_rope_backward")
     has_norm = q_norm is not None
     dqkv = cupy.empty_like(qkv)
-    acc_q = fp32_accumulator(dq_norm) if has_norm else None
-    acc_k = fp32_accumulator(dk_norm) if has_norm else None
+    acc_q = fp32_accumulator(dq_norm, like=q_norm) if has_norm else None
+    acc_k = fp32_accumulator(dk_norm, like=k_norm) if has_norm else None
     norms = [contiguous(n.astype(qkv.dtype, copy=False)) if has_norm else None for n in (q_norm, k_norm)]
     if tokens:
         kernel(

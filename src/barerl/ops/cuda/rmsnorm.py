@@ -50,7 +50,8 @@ def rmsnorm(x, w, eps):
 
 
 def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
-    """dw (C,) += sum over rows of dy * x_hat; returns dx like x (+ residual_grad, added in fp32)."""
+    """dw (C,) += sum over rows of dy * x_hat (dw None: frozen); returns dx like x (+ residual_grad, added in
+    fp32)."""
     import cupy
 
     x, dy = contiguous(x), contiguous(dy.astype(x.dtype, copy=False))
@@ -61,7 +62,7 @@ def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
     w = contiguous(w.astype(x.dtype, copy=False))
     rows, cols = _check(x, w)
     dx = cupy.empty_like(x)
-    acc = fp32_accumulator(dw)
+    acc = fp32_accumulator(dw, like=w)
     if rows:
         kernel = load_kernel("rmsnorm.cu", "rmsnorm_backward", {"DTYPE": ctype(x.dtype)})
         smem = reserve_shared_memory(kernel, _ROWS_PER_BLOCK * cols * 4)

@@ -21,6 +21,7 @@ from barerl.ops.common import xp_of  # noqa: F401
 from barerl.ops.ref.adamw import *
 from barerl.ops.ref.advance_decode import *
 from barerl.ops.ref.attention import *
+from barerl.ops.ref.dropout import *
 from barerl.ops.ref.embedding import *
 from barerl.ops.ref.kv_cache import *
 from barerl.ops.ref.linear import *

@@ -1,6 +1,7 @@
 """Counter-based random bits (splitmix64's finaliser): a pure function of (seed, key), so a value is
 reproducible anywhere (any device, any order, after a resume) with no generator state. The sampler's per-row
-draw and the optimizer's stochastic rounding use it; the kernels' twin is `splitmix64` in csrc/common.cuh.
+draw, the optimizer's stochastic rounding and LoRA's dropout use it; the kernels' twin is `splitmix64` in
+csrc/common.cuh.
 
     x = seed + 0x9E3779B97F4A7C15 * key;  z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB;  z ^= z >> 31            (uint64, wrapping)

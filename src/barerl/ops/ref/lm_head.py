@@ -37,12 +37,14 @@ def _chunk_stats(xp, logits, targets):
 
 
 def _chunk_backward(xp, logits, hf, wf, targets, lse, dlogprobs, inv_temperature, dw):
-    """From one chunk's logits and its rows' fp32 dlogprobs: dw += dlogits.T @ h; returns dh = dlogits @ w."""
+    """From one chunk's logits and its rows' fp32 dlogprobs: dw += dlogits.T @ h (unless dw is None: a frozen
+    head); returns dh = dlogits @ w."""
     t = np.float32(inv_temperature)
     dlogits = -xp.exp(logits - lse[:, None]) * dlogprobs[:, None]
     dlogits[xp.arange(logits.shape[0]), targets] += dlogprobs
     dlogits *= t
-    dw += (dlogits.T @ hf).astype(dw.dtype, copy=False)
+    if dw is not None:
+        dw += (dlogits.T @ hf).astype(dw.dtype, copy=False)
     return dlogits @ wf
 
 
@@ -63,7 +65,8 @@ def lm_head_logprobs(h, w, targets, inv_temperature=1.0, chunk_size=DEFAULT_LM_H
 
 def lm_head_backward(dlogprobs, h, w, targets, lse, dw, inv_temperature=1.0, chunk_size=DEFAULT_LM_HEAD_CHUNK,
                      batch_invariant=False):
-    """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ..., returns dh (T, C) in h's dtype."""
+    """Gradient of `lm_head_logprobs`'s log-probs: dw (V, C) += ... (None: a frozen head), returns dh (T, C)
+    in h's dtype."""
     xp = xp_of(h)
     dh = xp.empty(h.shape, np.float32)
     wf = as_f32(w)

@@ -62,7 +62,7 @@ def qk_norm_rope(qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm=None,
 def qk_norm_rope_backward(
     dout, qkv, positions, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, q_rstd, k_rstd, dq_norm, dk_norm
 ):
-    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated."""
+    """Gradient of `qk_norm_rope` with respect to qkv; dq_norm, dk_norm (D,) are accumulated (None: frozen)."""
     xp = xp_of(dout)
     dq, dk, dv = _heads(dout, num_heads, num_kv_heads)
     c, s = cos[positions], sin[positions]

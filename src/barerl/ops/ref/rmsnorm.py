@@ -22,12 +22,14 @@ def rmsnorm(x, w, eps):
 
 
 def rmsnorm_backward(dy, x, w, rstd, dw, residual_grad=None):
-    """dw (C,) += sum over rows of dy * x_hat; returns dx (T, C) in x's dtype, plus residual_grad (the
-    residual stream's gradient around the norm) when given, added in fp32 before the rounding."""
+    """dw (C,) += sum over rows of dy * x_hat (dw None: a frozen weight); returns dx (T, C) in x's dtype, plus
+    residual_grad (the residual stream's gradient around the norm) when given, added in fp32 before the
+    rounding."""
     xf, dyf = as_f32(x), as_f32(dy)
     xhat = xf * rstd[..., None]
     dxhat = dyf * as_f32(w)
-    dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
+    if dw is not None:
+        dw += (dyf * xhat).reshape(-1, xf.shape[-1]).sum(axis=0).astype(dw.dtype, copy=False)
     dx = rstd[..., None] * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     if residual_grad is not None:
         if residual_grad.shape != x.shape:  # as the kernel's launcher: a broadcast would hide a caller's bug

@@ -234,7 +234,8 @@ def lm_head_logprobs_filtered(h, w, targets, inv_temperature, top_k, top_p, min_
 
 def lm_head_backward_filtered(dlogprobs, h, w, targets, lse, dw, inv_temperature, top_k, top_p, min_p,
                               chunk_size=DEFAULT_LM_HEAD_CHUNK):
-    """Gradient of `lm_head_logprobs_filtered`'s log-probs: dw += ..., returns dh in h's dtype."""
+    """Gradient of `lm_head_logprobs_filtered`'s log-probs: dw += ... (None: a frozen head), returns dh in h's
+    dtype."""
     xp = xp_of(h)
     dh = xp.empty(h.shape, np.float32)
     wf = w.astype(np.float32)
@@ -246,5 +247,6 @@ def lm_head_backward_filtered(dlogprobs, h, w, targets, lse, dw, inv_temperature
         dz[xp.arange(b - a), targets[a:b]] += g
         dz *= np.float32(inv_temperature)
         dh[a:b] = dz @ wf
-        dw += (dz.T @ h[a:b].astype(np.float32)).astype(dw.dtype, copy=False)
+        if dw is not None:
+            dw += (dz.T @ h[a:b].astype(np.float32)).astype(dw.dtype, copy=False)
     return dh.astype(h.dtype, copy=False)
