@@ -1,64 +1,78 @@
-"""LoRA GRPO on one GPU: peak memory and step time against full-parameter training.
+"""LoRA GRPO on one GPU: grpo_barerl.py's run with LoRA adapters (rank --lora-r, lora_alpha 2 r, every linear
+layer), its step time and peak memory beside the run's memory plan, against full-parameter training.
 
 Workloads (random bf16 weights, 8 prompts x 8 samples, 128-token prompts, `train_grpo` as a user runs it, the
-first step a warm-up; bench_grpo_step.py's harness):
-- r1: R1 itself (Qwen3-0.6B shape, 1,024-token completions, micro-batches of 16) with LoRA rank --lora-r on
-  every linear layer; --lora-r 0 is full-parameter R1, the figure to compare with.
-- qwen3-8b: the Qwen3-8B shape (hidden 4096, 36 layers, 32 heads, 8 KV heads, head_dim 128, intermediate
-  12288, vocab 151,936, untied) with 4,096-token completions (8 x 8 x 4,096), micro-batches of 4 (--micro-batch).
+first step a warm-up):
+- R1 (default): R1 itself (Qwen3-0.6B shape, 1,024-token completions, micro-batches of 16) with the adapters;
+  the full-parameter figure to compare with is grpo_barerl.py's with the same --model (run_all.py's stage
+  `lora` runs the two back to back).
+- lora-8b: the Qwen3-8B shape (bench/shapes.py) with 4,096-token completions (8 x 8 x 4,096), micro-batches of
+  4 unless --micro-batch says otherwise. Full-parameter training of this shape does not fit one H200 with its
+  optimizer resident (docs/MEMORY.md, R3); with LoRA the plan is ~53 GiB while generating.
 
-One workload and variant per process, so each peak is its own:
-
-    PYTHONPATH=src python bench/bench_lora.py r1 --lora-r 0
-    PYTHONPATH=src python bench/bench_lora.py r1 --lora-r 16
-    PYTHONPATH=src python bench/bench_lora.py qwen3-8b --lora-r 16 --steps 2
-    PYTHONPATH=src python bench/bench_lora.py r1 --quick --device cpu      # a CPU smoke test of the script
+    PYTHONPATH=src python bench/bench_lora.py [--model DIR] [--lora-r 16] [--out DIR] [grpo_barerl.py's options]
+    PYTHONPATH=src python bench/bench_lora.py --workload lora-8b --steps 2
+    PYTHONPATH=src python bench/bench_lora.py --quick --steps 2          # a CPU smoke test of the script
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+from common import PROMPT_LEN, DeviceMemory, caches_at_start, write_record
+from grpo_barerl import build_parser, describe, run, stamp_first_log, summarize
+from shapes import SHAPES
 
-from bench_grpo_step import run
-from bench_train_step import QWEN3_06B
+# workload -> (shape, None: R1's; completion tokens; micro-batch unless given)
+WORKLOADS = {"R1": (None, 1024, 16), "lora-8b": ("qwen3-8b", 4096, 4)}
 
-QWEN3_8B = {
-    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
-    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": False, "max_position_embeddings": 40960,
-}
-WORKLOADS = {"r1": (QWEN3_06B, 1024, 16), "qwen3-8b": (QWEN3_8B, 4096, 4)}  # shape, completion tokens, micro-batch
+
+def keep_plan() -> dict:
+    """The memory plan `train_grpo` makes at its start, as each phase's GiB (filled in when the run starts)."""
+    from barerl.train import grpo
+
+    phases: dict = {}
+    plan_run = grpo.plan_run
+
+    def kept(*args, **kwargs):
+        plan = plan_run(*args, **kwargs)
+        phases.update({f"plan_{phase.name}_gib": phase.nbytes / 2**30 for phase in plan.phases} if plan else {})
+        return plan
+    grpo.plan_run = kept
+    return phases
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=sorted(WORKLOADS))
-    parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank on every linear layer (0: full-parameter)")
-    parser.add_argument("--steps", type=int, default=3, help="GRPO steps; the first is a warm-up")
-    parser.add_argument("--micro-batch", type=int, default=None, help="completions per micro-batch")
-    parser.add_argument("--keep", default="attention", help="gradient_checkpointing_keep, comma-separated")
-    parser.add_argument("--batch-invariant", default="on", choices=("on", "off"))
-    parser.add_argument("--num-scheduler-steps", type=int, default=8)
-    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
-    parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences (CPU smoke test)")
-    parser.add_argument("--json", default=None, help="write the figures to this file")
+    parser = build_parser()
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--workload", default="R1", choices=list(WORKLOADS))
+    parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank on every linear layer (lora_alpha 2 r)")
+    parser.set_defaults(micro_batch=None)  # the workload's
     args = parser.parse_args()
-    shape, new_tokens, micro_batch = WORKLOADS[args.workload]
-    lora = {"lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r, "lora_target_modules": ("all-linear",)} \
-        if args.lora_r else {}
-    r = run(args.quick, args.steps, args.device, args.num_scheduler_steps, keep=tuple(args.keep.split(",")),
-            batch_invariant=args.batch_invariant == "on", micro_batch=args.micro_batch or micro_batch, shape=shape,
-            new_tokens=new_tokens, options=lora)
-    r.update(workload=args.workload, lora_r=args.lora_r)
-    variant = f"LoRA r={args.lora_r} all-linear" if args.lora_r else "full-parameter"
-    print(f"{args.workload} {variant}: {r['step_s']:.2f} s/step (generate {r['time/generate']:.2f}, train "
-          f"{r['time/train']:.2f}), {r['completion_tokens']:.0f} completion tokens, peak {r['peak_gib']:.1f} GiB "
-          f"(generate {r['generate_gib']:.1f}, train {r['train_gib']:.1f}; in use {r['used_gib']:.1f}), "
-          f"engine/trainer log-prob mismatch max {r['mismatch_max']:.2e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=1)
+    if args.lora_r < 1:
+        parser.error("--lora-r: a LoRA rank is at least 1 (full-parameter training is grpo_barerl.py)")
+    shape, new_tokens, micro = WORKLOADS[args.workload]
+    args.micro_batch = args.micro_batch or micro
+    overrides = {"lora_r": args.lora_r, "lora_alpha": 2.0 * args.lora_r, "lora_target_modules": ("all-linear",)}
+    if new_tokens != 1024 and not args.quick:  # grpo_barerl.py's lengths are R1's
+        overrides.update(max_completion_length=new_tokens,
+                         max_tokens_per_microbatch=args.micro_batch * (PROMPT_LEN + new_tokens))
+
+    caches = caches_at_start()
+    memory = DeviceMemory().start()
+    stamps, plan = stamp_first_log(), keep_plan()
+    metrics = summarize(run(args, overrides=overrides, shape=shape and SHAPES[shape]))
+    metrics.update(peak_gib=memory.peak_gib(), cold_start_first_step_end_s=stamps.get("first_step_end_s"),
+                   caches_at_start=caches, **plan)
+    memory.stop()
+    peak = "-" if metrics["peak_gib"] is None else f"{metrics['peak_gib']:.1f}"
+    name, label, settings = describe(args)
+    name = name.replace("barerl", f"barerl-lora-r{args.lora_r}", 1)
+    label = f"LoRA r={args.lora_r} all-linear" + ("" if label.startswith("default") else f", {label}")
+    settings.update(overrides, shape=shape or "qwen3-0.6b")
+    print(f"LoRA {args.workload} {name}: {metrics['step_s']:.2f} s/step (generate {metrics['generate']:.2f}, train "
+          f"{metrics['train']:.2f}), {metrics['completion_tokens']:.0f} completion tokens; peak {peak} GiB, the trainer's generate / train {metrics['trainer_generate_gib']:.1f} / "
+          f"{metrics['trainer_train_gib']:.1f} GiB against the plan's {plan.get('plan_generate_gib', 0):.1f} / "
+          f"{plan.get('plan_train_gib', 0):.1f}; mismatch max {metrics['mismatch_max']:.2e}", flush=True)
+    write_record(args.out, name, args.workload, "barerl", label, settings, metrics)
 
 
 if __name__ == "__main__":

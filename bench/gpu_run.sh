@@ -10,7 +10,8 @@
 #   vllm_install  join and install them into /tmp/vsite once all are there (done by any vLLM stage if needed)
 #   tests         the GPU test suite (pytest -m gpu tests; TESTS= other paths, TEST_TIMEOUT= its limit)
 # Benchmark stages (bench/run_all.py's STAGES): gen_barerl gen_vllm gen_hf gen_hf_default t1 t1_tuned r1
-#   r1_trl_vllm r1_trl. gen_vllm and r1_trl_vllm run with the installed vLLM; t1_tuned, r1_trl_vllm and
+#   r1_trl_vllm r1_trl lora (R1 full-parameter, then with LoRA r=16) lora_8b (LoRA GRPO, Qwen3-8B shape,
+#   8 x 8 x 4,096 tokens). gen_vllm and r1_trl_vllm run with the installed vLLM; t1_tuned, r1_trl_vllm and
 #   r1_trl with the wheels of --wheels (TRL, datasets, dill, multiprocess, Liger-Kernel), installed once
 #   into /tmp/site. A machine kept warm between commands keeps /tmp: installs, CuPy's kernel cache, tuning.
 # Results: DIR/results.tgz (every step's log, the JSON records, commands.txt, gpu.txt) and DIR/summary.txt
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ -n "$TO" ] && [ $# -gt 0 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ -n "$TO" ] && [ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
 mkdir -p "$TO"
 WORK=/tmp/bench-run-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$WORK" /tmp/vllm-parts /tmp/cupy_cache
@@ -103,6 +104,6 @@ for stage in "$@"; do
   echo "===== $stage: rc=$?"
 done 2>&1 | tee "$WORK/driver.log"
 
-grep -h -E "^(--- |R1 |T1 |G1 |G2 |vLLM )" "$WORK"/*.log > "$TO/summary.txt" 2>/dev/null
+grep -h -E "^(--- |R1 |T1 |G1 |G2 |vLLM |LoRA )" "$WORK"/*.log > "$TO/summary.txt" 2>/dev/null
 tar -czf "$TO/results.tgz" -C "$WORK" .
 ls -l "$TO"

@@ -85,13 +85,15 @@ def describe(args) -> tuple[str, str, dict]:
     return name, ", ".join(w for _, w in parts) or "default (batch_invariant on)", settings
 
 
-def run(args, num_prompts: int = 8, output_dir: Path | None = None, overrides: dict | None = None) -> list[dict] | None:
+def run(args, num_prompts: int = 8, output_dir: Path | None = None, overrides: dict | None = None,
+        shape: dict | None = None) -> list[dict] | None:
     """The run's metrics.jsonl records; `num_prompts` per step in all (under mpirun, shared by the ranks:
-    bench_data_parallel.py), `overrides` of the config. None on ranks other than the first (which logs)."""
+    bench_data_parallel.py), `overrides` of the config, `shape` the random model's config.json (default:
+    Qwen3-0.6B's; --quick's tiny one always). None on ranks other than the first (which logs)."""
     from barerl.distributed import process_group
 
     ModelConfig, Model, GRPOConfig, train_grpo, _ = barerl_api()
-    shape = model_shape(args.quick)
+    shape = model_shape(args.quick) if shape is None or args.quick else shape
     prompt_len, new_tokens = QUICK_LENGTHS if args.quick else (PROMPT_LEN, NEW_TOKENS)
     device, dtype = ("cpu", "float32") if args.quick else ("cuda", "bfloat16")
     if args.model:  # make_model.py's folder, which the peer loads too

@@ -50,8 +50,13 @@ STAGES = {
                      ["--vllm-gpu-memory-utilization", "0.3"])],  # TRL's default if the smallest fit fails
     "r1_trl": [("make_model", ["make_model.py", "{model}"], 120, None),
                ("grpo_trl", ["grpo_trl.py", "--model", "{model}", "--vllm", "off"], 480, None)],
+    "lora": [("make_model", ["make_model.py", "{model}"], 120, None),  # R1: full parameters, then LoRA r=16
+             ("grpo_barerl", ["grpo_barerl.py", "--model", "{model}"], 180, None),
+             ("bench_lora", ["bench_lora.py", "--model", "{model}"], 180, None)],
+    "lora_8b": [("bench_lora_8b", ["bench_lora.py", "--workload", "lora-8b", "--steps", "2"], 480, None)],
 }
-METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "T1": ("step_s", False), "R1": ("step_s", False)}
+METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "T1": ("step_s", False), "R1": ("step_s", False),
+          "lora-8b": ("step_s", False)}
 GENERATION_PAIRS = [("barerl", "vllm"), ("barerl", "transformers-compiled"), ("barerl", "transformers-default")]
 PAIRS = {  # (barerl record, peer record): settings of the same work; the first present is the principal one
     "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS,
@@ -104,7 +109,7 @@ def run_step(name: str, args: list[str], timeout: float, out: Path, deadline: fl
     with open(out / "commands.txt", "a") as f:
         f.write(f"{command}\t# rc={rc} {seconds:.0f} s\n")
     lines = (out / f"{name}.log").read_text(errors="replace").splitlines()
-    shown = [line for line in lines if line.startswith(("G1 ", "G2 ", "T1 ", "R1 ", "vLLM "))] or lines[-8:]
+    shown = [line for line in lines if line.startswith(("G1 ", "G2 ", "T1 ", "R1 ", "vLLM ", "LoRA "))] or lines[-8:]
     print("\n".join(line[:300] for line in shown[-12:]), flush=True)
     print(f"--- {name}: rc={rc}, {seconds:.0f} s", flush=True)
     return rc

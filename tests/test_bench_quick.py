@@ -95,6 +95,13 @@ def test_grpo_barerl(records):
     assert metrics["mismatch_max"] < 1e-4  # fp32 on the CPU: the engine's and the trainer's log-probs agree
 
 
+def test_bench_lora(records):
+    bench("bench_lora.py", "--quick", "--steps", "2", "--out", str(records))
+    metrics = record(records, "R1-barerl-lora-r16.json")["metrics"]
+    assert len(metrics["step_s_each"]) == 2 and metrics["mismatch_max"] < 1e-4
+    assert 0 < metrics["plan_train_gib"] < 0.01  # the tiny model's plan, LoRA's
+
+
 @needs("trl", "datasets")
 def test_grpo_trl_without_vllm(records, tiny_model):
     bench("grpo_trl.py", "--quick", "--vllm", "off", "--steps", "1", "--model", str(tiny_model), "--out",

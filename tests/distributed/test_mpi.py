@@ -146,7 +146,7 @@ def test_checkpoints_resume_on_another_number_of_ranks_to_the_same_bits(runs, fa
     resumes = {}
     for ranks, source in ((2, 1), (1, 2)):
         cases = []
-        for name in ("sft", "bnpo"):
+        for name in ("sft", "bnpo", "sft-lora"):
             checkpoint = faults["hang"][0] if (name, ranks) == ("bnpo", 1) else str(runs / f"{name}-{source}")
             run = case(name, runs, ranks, config={"resume_from_checkpoint": str(Path(checkpoint) / "checkpoint-1")})
             run["output_dir"] += f"-resumed-from-{source}"

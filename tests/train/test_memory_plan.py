@@ -1,5 +1,6 @@
 """The memory plan (train/memory_plan.py, train/memory_check.py): hand-derived sizes on the Qwen3-0.6B shape of
-workloads T1 and R1, the high-water marks measured for them on the H200, refusals and their suggestions."""
+workloads T1 and R1, the high-water marks measured for them on the H200, refusals and their suggestions, and
+LoRA runs (the base frozen, the adapters trained)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import json
 
 import pytest
+from train_helpers import tiny_cfg
 
 from barerl.config import ModelConfig
 from barerl.train.config import GRPOConfig, SFTConfig
@@ -164,3 +166,59 @@ def test_grpo_refuses_before_loading_the_model(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "error: memory plan: the train phase needs" in err, err
     assert "Settings that fit, one change each: --offload_optimizer true --offload_optimizer_ratio" in err
+
+
+# LoRA r=16 on every linear layer of Qwen3-0.6B, per layer: A and B of q/k/v (48 x 1,024 and 4,096 x 48), of
+# o_proj (16 x 2,048, 1,024 x 16), of gate/up (32 x 1,024, 6,144 x 32) and of down (16 x 3,072, 1,024 x 16),
+# the block-diagonal B's zeros included (peft's modules hold 360,448 of these 589,824)
+LORA_06B = 28 * (48 * 1024 + 4096 * 48 + 16 * 2048 + 1024 * 16 + 32 * 1024 + 6144 * 32 + 16 * 3072 + 1024 * 16)
+
+
+def test_a_lora_run_plans_the_frozen_base_and_the_adapters_state_alone():
+    full = plan_training(QWEN3_06B, "bfloat16", r1(beta=0.04))
+    plan = plan_training(QWEN3_06B, "bfloat16", r1(beta=0.04, lora_r=16))
+    assert "LoRA r=16 on all-linear (16.52 M adapter parameters" in plan.title
+    for phase in ("generate", "train"):
+        parts = plan.phase(phase)
+        assert parts.get("weights (bfloat16)") == 2 * P and parts.get("LoRA adapters (bfloat16)") == 2 * LORA_06B
+        assert parts.get("adapter gradients (fp32)") == 4 * LORA_06B  # the base gets none
+        assert parts.get("adapter optimizer state") == 12 * LORA_06B  # fp32 master and moments of the adapters
+        assert parts.get("gradients (fp32)") == parts.get("reference model (beta > 0)") == 0  # the base is the KL's
+    assert full.phase("train").get("reference model (beta > 0)") == 2 * P
+    saved = "activations kept for backward"
+    assert plan.phase("train").get(saved) == full.phase("train").get(saved)
+    # a layer's backward also holds an adapted product's input (dropped out) and the adapter path's dx, 3,072
+    # wide at down, and u, du (48 wide at q/k/v), bf16
+    work = "one layer's backward or the LM head"
+    assert plan.phase("train").get(work) - full.phase("train").get(work) == (2 * 3072 + 2 * 48) * 2 * 16 * 1152
+    offloaded = plan_training(QWEN3_06B, "bfloat16", r1(lora_r=16, offload_optimizer=True))
+    assert offloaded.host[0].nbytes == 10 * LORA_06B and offloaded.link_bytes == 10 * LORA_06B
+
+
+def test_a_full_parameter_refusal_offers_lora_where_it_fits():
+    """R3 (Qwen3-8B) does not fit an H200 with every parameter trained; LoRA r=16 does, and is said (after the
+    cheapest changes of how the same run is computed)."""
+    with pytest.raises(MemoryPlanError) as refused:
+        check_plan(QWEN3_8B, "bfloat16", r3(), H200_ROOM)
+    assert "; --lora_r 16 (generate " in str(refused.value)
+    check_plan(QWEN3_8B, "bfloat16", r3(lora_r=16), H200_ROOM)
+    changes = [flags for flags, _ in fitting_changes(QWEN3_8B, "bfloat16", r3(lora_r=16), 30 * GIB)]
+    assert changes and "--lora_r 16" not in changes  # a LoRA run is never told to use LoRA
+
+
+def test_an_adapter_folder_as_the_model_is_planned_on_its_base(tmp_path, capsys):
+    """plan_run reads the base's config through adapter_config.json and the adapter's rank and modules from it."""
+    from barerl.model.checkpoint import save_checkpoint
+    from barerl.model.lora import LoraConfig, add_lora
+    from barerl.model.model import Model
+    from barerl.model.peft_format import save_adapter
+    from barerl.train.memory_check import plan_run
+
+    model = Model.random(tiny_cfg())
+    save_checkpoint(tmp_path / "base", model.cfg, model.params)
+    save_adapter(tmp_path / "adapter", add_lora(model, LoraConfig(r=4, target_modules=("q_proj", "v_proj"))),
+                 base_model=str(tmp_path / "base"))
+    plan = plan_run(r1(model=str(tmp_path / "adapter"), device="cpu", dtype="bfloat16"))
+    # 2 layers; q (16 rows) and v (8) of the fused q/k/v site (32 rows): A (8, 16), B (32, 8)
+    assert plan.phase("train").get("adapter gradients (fp32)") == 4 * 2 * (8 * 16 + 32 * 8)
+    assert "LoRA r=4 on q_proj,v_proj" in capsys.readouterr().out

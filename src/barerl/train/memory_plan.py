@@ -37,7 +37,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from barerl.config import ModelConfig
-from barerl.model.lora import LoraConfig, lora_buffer_size, lora_config_of, lora_offsets
+from barerl.model.lora import (
+    ALL_LINEAR,
+    TARGET_MODULES,
+    LoraConfig,
+    lora_buffer_size,
+    lora_config_of,
+    lora_offsets,
+)
 from barerl.ops.common import DEFAULT_LM_HEAD_CHUNK
 from barerl.train.config import GRPOConfig, SFTConfig, TrainConfig
 from barerl.train.optimizer import STREAM_CHUNK
@@ -257,7 +264,8 @@ def _count(n: int) -> str:
 def _lora_title(lora: LoraConfig | None, trained: int) -> str:
     if lora is None:
         return ""
-    return f"LoRA r={lora.r} on {','.join(lora.target_modules)} ({_count(trained)} adapter parameters, base frozen), "
+    modules = ALL_LINEAR if lora.target_modules == TARGET_MODULES else ",".join(lora.target_modules)
+    return f"LoRA r={lora.r} on {modules} ({_count(trained)} adapter parameters, base frozen), "
 
 
 def _engine_parts(sizes: _Sizes, train: GRPOConfig, block_size: int, max_num_batched_tokens: int,

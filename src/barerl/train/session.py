@@ -12,7 +12,7 @@ With LoRA (`lora_r` > 0 or `lora_adapter`) the session gives the model adapters 
 passed in, so what it generates with afterwards has them) and the optimizer trains them alone, sharded across
 processes as the full parameters are; checkpoints hold the adapter (PEFT format, naming the base model's path)
 and its optimizer state, and a resumed run takes its base from `model` again and its adapters from the
-optimizer's master.
+checkpoint.
 """
 
 from __future__ import annotations
@@ -87,9 +87,11 @@ class TrainingSession:
             return {}
         from barerl.model.checkpoint import load_checkpoint
 
-        if self.model.lora is None:  # under LoRA the optimizer's master brings the adapters back
+        if self.model.lora is None:
             _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
             self.model.params.flat[...] = params.flat
+        else:  # the whole adapter buffer (a sharded optimizer restores its own shard alone); the base is `model`
+            load_adapter(self.model, path, self.model.lora.config.lora_dropout)
         state = load_training_state(path, optimizer=self.optimizer)
         self.step, self.resumed_from = state.step, path
         return state.data
