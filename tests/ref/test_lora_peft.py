@@ -37,7 +37,7 @@ def barerl_with_adapter(folder, pm, tmp_path) -> Model:
 
 def logits(model: Model, seq):
     h, _ = model.hidden_states(PackedBatch.from_sequences([seq]))
-    return model.backend.lm_head_logits(h, model.params.lm_head)
+    return model.ops.lm_head_logits(h, model.params.lm_head)
 
 
 def rel_err(a, b) -> float:
