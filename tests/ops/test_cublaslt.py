@@ -232,7 +232,7 @@ def test_decode_search_keeps_a_right_algorithm(draw, lt):
     poison(out)
     cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual)
     assert_close("searched", out, want, BF16)
-    plan = cublaslt._plan_for(x, w, out, False, True, residual, None)[0]
+    plan = cublaslt._plan_for(x, w, out, False, True, residual, None, False)[0]
     assert json.loads(lt.choices_path.read_text())[plan.tuning_key] == bytes(plan.chosen.algo).hex()
     print("searched:", cublaslt.algorithm_config(plan.chosen), "first pick:",
           cublaslt.algorithm_config(plan.candidates[0]))
@@ -264,7 +264,7 @@ def test_decode_tuning_off_keeps_the_first_pick(draw, lt, monkeypatch):
 
     x, w, residual, want = operands(draw)
     out = cupy.empty((ROWS, N), BF16)
-    plan = cublaslt._plan_for(x, w, out, False, True, residual, None)[0]
+    plan = cublaslt._plan_for(x, w, out, False, True, residual, None, False)[0]
     lt.choices[plan.tuning_key] = bytes(plan.candidates[-1].algo).hex()  # as a run with tuning on left it
     monkeypatch.setattr(cublaslt, "_TUNE_DECODE", False)
     monkeypatch.setattr(cublaslt, "_cold_copies", lambda b, stream: pytest.fail("timed with tuning off"))
