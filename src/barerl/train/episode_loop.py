@@ -18,9 +18,15 @@ Design decisions:
   gives it; turn t > 0 from a SeedSequence of (group_seed, i, t). An episode's tokens depend only on
   (group seed, sample, turn) and its own ids, never on when its environment answered or what it was
   batched with (on the GPU with batch_invariant, not even in the last bit of a log-prob).
-- Environment steps run in a WorkerPool. Between engine steps the loop polls it without blocking; it waits
-  on it only when the engine has nothing to run because every unfinished episode waits for its
-  environment. That wait is the engine's idle time (`LoopStats.idle_seconds`).
+- Environment steps run in a WorkerPool. Between engine steps the loop takes in the steps that are done,
+  without blocking; it waits for one only when the engine has nothing to run because every unfinished
+  episode waits for its environment. That wait is the engine's idle time (`LoopStats.idle_seconds`).
+- Then which turns share an engine step depends on how long environment steps take, and on the CPU (or
+  the GPU without batch_invariant) a token's log-prob depends in its last bits on what it was batched
+  with. `deterministic=True` takes every step in at the engine step after the one that submitted it,
+  waiting for it if need be (counted as idle), in the order they were submitted: the batches, and so
+  every bit, are then a function of the tokens alone. GRPO asks for it on the CPU, where an engine step
+  is slow beside most tool calls; on the GPU with batch_invariant the bits never depend on the batch.
 - `on_group_done(g)` is called as soon as group g's last episode has ended (GRPO starts scoring it there).
 """
 
@@ -59,13 +65,16 @@ class LoopStats:
 
 
 class EpisodeLoop:
-    def __init__(self, engine, steps: WorkerPool, sampling: SamplingParams, step_timeout: float | None = None):
+    def __init__(self, engine, steps: WorkerPool, sampling: SamplingParams, step_timeout: float | None = None,
+                 deterministic: bool = False):
         """engine: an `engine.Engine`; steps: the pool environment steps run in; sampling: how a turn samples
         (its max_tokens caps one turn, None: what is left of the episode's budget; n, seed and logprobs are
-        the loop's); step_timeout: seconds a step may take before its episode ends with an error."""
+        the loop's); step_timeout: seconds a step may take before its episode ends with an error;
+        deterministic: take steps in at fixed engine steps (module docstring)."""
         self.engine, self.steps, self.sampling, self.step_timeout = engine, steps, sampling, step_timeout
+        self.deterministic = deterministic
         self._turns: dict[tuple[int, int], Episode] = {}  # (request id, sample index) -> the episode it plays
-        self._num_waiting = 0  # episodes whose environment step is running
+        self._pending: list[Job] = []  # environment steps not taken in yet, in the order they were submitted
 
     def run(self, groups: list[list[Episode]], on_group_done: Callable[[int], None] | None = None) -> LoopStats:
         """Play every episode to its end; returns where the time went."""
@@ -85,21 +94,32 @@ class EpisodeLoop:
         return stats
 
     def _advance(self, stats: LoopStats) -> list[Episode]:
-        """One engine step (or, with nothing to run, one wait for the environment); the episodes that ended."""
+        """One engine step if it has work, then the environment steps to take in; the episodes that ended."""
         ended = []
         if self.engine.has_unfinished():
             start = time.perf_counter()
             finished = {seq.seq_id: seq for seq in self.engine.step() if seq.is_finished}
             stats.engine_seconds += time.perf_counter() - start
             ended += [e for e in map(self._end_turn, finished.values()) if e is not None]
-            jobs = self.steps.poll()
-        else:
-            if not self._num_waiting:
-                raise RuntimeError("episode loop: episodes are unfinished but none runs or waits")
-            start = time.perf_counter()
-            jobs = self.steps.wait(_WAIT_SECONDS)
-            stats.idle_seconds += time.perf_counter() - start
+        elif not self._pending:
+            raise RuntimeError("episode loop: episodes are unfinished but none runs or waits")
+        start = time.perf_counter()
+        jobs = self._ready_steps(wait=self.deterministic or not self.engine.has_unfinished())
+        stats.idle_seconds += time.perf_counter() - start
         return ended + [e for e in map(self._observe, jobs) if e is not None]
+
+    def _ready_steps(self, wait: bool) -> list[Job]:
+        """The environment steps done, in the order they were submitted; `wait`: all of them when
+        deterministic, else at least one (or _WAIT_SECONDS)."""
+        if wait and self.deterministic:
+            for job in self._pending:
+                job.finished.wait()
+        elif wait and self._pending and not any(job.done for job in self._pending):
+            self.steps.wait(_WAIT_SECONDS)
+        self.steps.poll()  # the pool's own list of finished jobs: the order kept here is the submission order
+        ready = [job for job in self._pending if job.done]
+        self._pending = [job for job in self._pending if not job.done]
+        return ready
 
     # ---------------------------------------------------------------------------------------------- requests
 
@@ -143,13 +163,11 @@ class EpisodeLoop:
         text = episode.tokens.text(ids[:-1] if stop_token else ids)
         if not episode.add_turn(ids, seq.output_logprobs, text, cut=seq.finish_reason == "length"):
             return episode
-        self.steps.submit(episode.env.step, text, key=episode, timeout=self.step_timeout)
-        self._num_waiting += 1
+        self._pending.append(self.steps.submit(episode.env.step, text, key=episode, timeout=self.step_timeout))
         return None
 
     def _observe(self, job: Job) -> Episode | None:
         """An environment step came back: continue its episode, or return it if it ended."""
-        self._num_waiting -= 1
         episode: Episode = job.key
         episode.step_seconds += job.seconds or 0.0
         computed = len(episode.ids) - 1  # the last sampled token's KV was never computed

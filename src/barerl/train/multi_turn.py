@@ -15,7 +15,9 @@ Design decisions:
   An environment that rewards episodes itself needs no reward function.
 - Seeds: a group's seed is single-turn GRPO's (run seed, step, prompt index, round), so turn 0 samples what
   single-turn generation would; later turns follow `episode_loop.turn_seed`. A resumed run replays the same
-  episodes. Truncated episodes (max_turns, max_completion_length) are `Rollouts.truncated`, so
+  episodes. On the CPU the loop is `deterministic` (episode_loop.py), so a run reproduces bit for bit; on
+  the GPU it never waits while the engine has work (with batch_invariant, bit for bit all the same).
+  Truncated episodes (max_turns, max_completion_length) are `Rollouts.truncated`, so
   `mask_truncated_completions` applies to them.
 - The environment's tool calls share one pool of `tool_num_workers` threads; environment steps have a pool
   with a thread per episode (a step mostly waits for its calls). Both live as long as the training run.
@@ -78,7 +80,8 @@ class MultiTurnRollouts:
             if runner.rewards:
                 pending[g] = runner.submit(*_reward_inputs(rows[g], groups[g]))
 
-        loop = EpisodeLoop(llm.engine, self.steps, self.sampling, cfg.step_timeout)
+        loop = EpisodeLoop(llm.engine, self.steps, self.sampling, cfg.step_timeout,
+                           deterministic=llm.model.device == "cpu")
         stats = loop.run(groups, score)
         generated = time.perf_counter()
         episodes = [e for group in groups for e in group]
