@@ -343,5 +343,14 @@ def _rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict:
 
 def _log_samples(logger, step: int, rollouts: Rollouts) -> None:
     texts = lambda xs: [x if isinstance(x, str) else x[-1]["content"] for x in xs]
-    logger.log_samples(step, texts(rollouts.prompts), texts(rollouts.completions),
+    logger.log_samples(step, texts(rollouts.prompts), [_completion_text(c) for c in rollouts.completions],
                        rollouts.scores.total.tolist(), advantage=rollouts.advantages.tolist())
+
+
+def _completion_text(completion) -> str:
+    """A completion as samples.jsonl shows it; a multi-turn one with all its messages, each headed by its role."""
+    if isinstance(completion, str):
+        return completion
+    if len(completion) == 1:
+        return completion[0]["content"]
+    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in completion)

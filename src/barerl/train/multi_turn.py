@@ -35,7 +35,7 @@ from barerl.engine.sampling_params import SamplingParams
 from barerl.train.config import GRPOConfig
 from barerl.train.environments import load_environment_factory
 from barerl.train.episode import ChatTokens, Episode
-from barerl.train.episode_loop import EpisodeLoop
+from barerl.train.episode_loop import EpisodeLoop, LoopStats
 from barerl.train.episode_metrics import EpisodeStats
 from barerl.train.losses import group_advantages, zero_std_groups
 from barerl.train.rewards import RewardRunner, RewardScores
@@ -58,7 +58,11 @@ def rollout_generator(cfg: GRPOConfig, tokenizer, num_episodes: int) -> Iterator
 
 
 class MultiTurnRollouts:
+    """Episodes for GRPO (`__call__`: generate_rollouts' contract), or to play and inspect (`group`, `play`:
+    an evaluation plays greedy episodes)."""
+
     def __init__(self, cfg: GRPOConfig, tokenizer, num_episodes: int):
+        self.cfg = cfg
         self.tool_pool = WorkerPool(cfg.tool_num_workers, "barerl-tool")
         self.steps = WorkerPool(num_episodes, "barerl-env")
         self.factory = load_environment_factory(cfg, pool=self.tool_pool)
@@ -71,18 +75,16 @@ class MultiTurnRollouts:
 
     def __call__(self, llm, tokenizer, rows: list[dict], cfg: GRPOConfig, step: int, runner: RewardRunner,
                  round_index: int = 0, first_index: int = 0) -> Rollouts:
-        """cfg.num_generations episodes for each row, scored (generate_rollouts' contract)."""
-        groups = [self._group(row, sampling_seed(cfg.seed, step, first_index + i, round_index), cfg,
-                              llm.engine.max_model_len) for i, row in enumerate(rows)]
+        """cfg.num_generations episodes for each row, scored."""
+        groups = [self.group(row, sampling_seed(cfg.seed, step, first_index + i, round_index), cfg.num_generations,
+                             llm.engine.max_model_len) for i, row in enumerate(rows)]
         pending: list = [None] * len(rows)
 
         def score(g: int) -> None:
             if runner.rewards:
                 pending[g] = runner.submit(*_reward_inputs(rows[g], groups[g]))
 
-        loop = EpisodeLoop(llm.engine, self.steps, self.sampling, cfg.step_timeout,
-                           deterministic=llm.model.device == "cpu")
-        stats = loop.run(groups, score)
+        stats = self.play(llm, groups, on_group_done=score)
         generated = time.perf_counter()
         episodes = [e for group in groups for e in group]
         scores = _scores(pending, episodes, with_environment=bool(cfg.environment_factory))
@@ -94,15 +96,24 @@ class MultiTurnRollouts:
             zero_std_groups(scores.total, cfg.num_generations), stats.wall_seconds, time.perf_counter() - generated,
             [e.turns for e in episodes], EpisodeStats.from_episodes(episodes, stats))
 
-    def _group(self, row: dict, group_seed: int, cfg: GRPOConfig, max_model_len: int) -> list[Episode]:
+    def group(self, row: dict, group_seed: int, num_samples: int, max_model_len: int) -> list[Episode]:
+        """`num_samples` fresh episodes of one dataset row."""
         group = []
-        for sample in range(cfg.num_generations):
+        for sample in range(num_samples):
             env = self.factory()
             messages = env.reset(row)
             prompt_ids = self.tokens.prompt(messages, env.tools)
-            budget = min(cfg.max_completion_length, max_model_len - len(prompt_ids))
-            group.append(Episode(env, self.tokens, messages, prompt_ids, budget, cfg.max_turns, group_seed, sample))
+            budget = min(self.cfg.max_completion_length, max_model_len - len(prompt_ids))
+            group.append(Episode(env, self.tokens, messages, prompt_ids, budget, self.cfg.max_turns, group_seed,
+                                 sample))
         return group
+
+    def play(self, llm, groups: list[list[Episode]], sampling: SamplingParams | None = None,
+             on_group_done=None) -> LoopStats:
+        """Play the episodes to their ends with the config's sampling (or `sampling`)."""
+        loop = EpisodeLoop(llm.engine, self.steps, sampling or self.sampling, self.cfg.step_timeout,
+                           deterministic=llm.model.device == "cpu")
+        return loop.run(groups, on_group_done)
 
 
 def _reward_inputs(row: dict, group: list[Episode]) -> tuple[list, list, dict]:
