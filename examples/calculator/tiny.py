@@ -4,13 +4,14 @@ SmolLM2-135M trains too slowly on a 2-core CPU for a before/after in minutes, so
 `barerl demo` runs addition: a character-level tokenizer with a ChatML template (tool results in the `tool`
 role), a small Qwen3-architecture model and SFT on the training questions: half of them answered with a
 `<tool_call>` to `calculate`, the tool's answer and `\\boxed{value}`, the other half answered at once with
-`\\boxed{value}` (which a model this size cannot compute), stopped early. It leaves a model that calls the
-tool on about half the questions and copies the tool's answer imperfectly. Then multi-turn GRPO with the real
-tool (calculator.py) and the math_accuracy reward.
-Before and after GRPO it plays the 64 test questions greedily and prints the share of episodes with a
-successful tool call (a call that was well-formed and returned a value), calls per episode, and accuracy.
+`\\boxed{value}` (which a model this size cannot compute). It leaves a model that calls the tool in about half
+of its sampled answers (greedy: a fifth) and copies expressions and results imperfectly. Then multi-turn
+GRPO with the real tool (calculator.py) and the math_accuracy reward. Before and after GRPO it plays the 64
+test questions greedily and prints the share of episodes with a successful tool call (a call that was
+well-formed and returned a value), calls per episode, and accuracy. docs/LOG.md has the figures
+(2026-12-01: 20.3% -> 89.1% of episodes with a successful call, accuracy 3.1% -> 23.4%).
 
-    PYTHONPATH=src python examples/calculator/tiny.py [--sft_steps 400] [--grpo_steps 30] [--output_dir DIR]
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python examples/calculator/tiny.py [--sft_steps 600] [--grpo_steps 30]
 
 The questions are the example's (train.jsonl, test.jsonl) without its system prompt: the tiny model knows
 its one tool from SFT, so its template lists no tools.

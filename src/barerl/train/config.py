@@ -490,7 +490,8 @@ def build_argparser(cls: type, prog: str | None = None) -> argparse.ArgumentPars
     return parser
 
 
-_GROUP_TITLES = {TrainConfig: "training options", EnvironmentConfig: "multi-turn options (environment_factory or tools)"}
+_GROUP_TITLES = {TrainConfig: "training options",
+                 EnvironmentConfig: "multi-turn options (with environment_factory or tools)"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
