@@ -39,9 +39,9 @@ def config(tmp_path, **kw) -> GRPOConfig:
     return GRPOConfig(**{**base, **kw})
 
 
-def run(cfg, model, tokenizer):
+def run(cfg, model, tokenizer, num_kv_blocks=512):
     return train_grpo(cfg, model=model, tokenizer=tokenizer, rows=ROWS, show_progress=False,
-                      engine_args={"num_kv_blocks": 512})
+                      engine_args={"num_kv_blocks": num_kv_blocks})
 
 
 def metrics(output_dir) -> list[dict]:
@@ -78,10 +78,11 @@ def test_batch_invariant_multi_turn_mismatch_stays_at_the_single_turn_level(tmp_
     their decode steps give the trainer's log-probs to ~1e-6 in every turn of 4-turn episodes."""
     cfg = config(tmp_path, device="cuda", dtype="bfloat16", batch_invariant=True, max_tokens_per_turn=48,
                  max_completion_length=320, num_generations=8, per_device_train_batch_size=64)
-    run(cfg, chat_model(device="cuda", dtype="bfloat16"), chat_tokenizer)
+    run(cfg, chat_model(device="cuda", dtype="bfloat16"), chat_tokenizer, num_kv_blocks=4096)
     with open(tmp_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
     for r in records:
         assert r["episodes/turns_mean"] >= 4, r["episodes/turns_mean"]
+        assert r["engine/prefix_cache_hit_rate"] == 1.0
         turns = [r[f"mismatch/turn_{k}_max"] for k in range(4)]
         assert max(turns) < 1e-5 and r["mismatch/max"] < 1e-5, turns
