@@ -380,3 +380,13 @@ def styled_chat_tokenizer():
 def chat_style(request):
     """Parametrises a test over the chat tokenizer styles."""
     return request.param
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Multi-turn GRPO tests: the tiny random chat model of make_chat_model as a factory fixture.
+
+
+@pytest.fixture
+def chat_model():
+    """Factory fixture: `model = chat_model(seed=0, device="cpu", dtype="float32")` (see make_chat_model)."""
+    return make_chat_model

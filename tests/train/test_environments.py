@@ -142,7 +142,7 @@ def test_prompt_messages_forms():
 
 
 def test_config_errors_are_clear():
-    with pytest.raises(EnvironmentSetupError, match="environment_factory or tools, not both"):
+    with pytest.raises(ConfigError, match="environment_factory and tools: set one, not both"):
         EnvironmentConfig(environment_factory="m:C", tools=("python",))
     with pytest.raises(ConfigError, match="sandbox_require: must be one of"):
         EnvironmentConfig(sandbox_require=("gpu",))

@@ -1,40 +1,29 @@
-"""The multi-turn examples: their YAML is valid for GRPOConfig plus EnvironmentConfig, their data loads, the
+"""The multi-turn examples: their YAML is a valid GRPOConfig (multi-turn keys included), their data loads, the
 calculator agrees with every answer, and reference solutions pass every hidden coding test."""
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from barerl.tokenizer.tool_calls import ToolCall
 from barerl.train.code_reward import code_tests
-from barerl.train.config import GRPOConfig, load_config, read_config_file
+from barerl.train.config import GRPOConfig, load_config
 from barerl.train.data import load_dataset
-from barerl.train.environments import EnvironmentConfig, ToolEnvironment, load_environment_factory
+from barerl.train.environments import ToolEnvironment, load_environment_factory
 from barerl.train.tools import call_tool, load_tools
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-def _split_config(path, tmp_path):
-    """The example's YAML read as GRPOConfig (its training keys) and EnvironmentConfig (the multi-turn keys)."""
-    data = read_config_file(path)
-    names = {f.name for f in dataclasses.fields(EnvironmentConfig)}
-    grpo_file = tmp_path / "grpo.yaml"
-    grpo_file.write_text(yaml.safe_dump({k: v for k, v in data.items() if k not in names}))
-    return load_config(GRPOConfig, grpo_file), EnvironmentConfig(**{k: v for k, v in data.items() if k in names})
-
-
 @pytest.mark.parametrize("example", ["calculator", "coding"])
 def test_example_config_and_data_load(example, tmp_path, monkeypatch):
     monkeypatch.chdir(EXAMPLES.parent)  # the YAML's paths are relative to the repository
-    grpo, env_config = _split_config(EXAMPLES / example / "grpo.yaml", tmp_path)
-    assert env_config.tools and grpo.reward_funcs
+    grpo = load_config(GRPOConfig, EXAMPLES / example / "grpo.yaml")
+    assert grpo.multi_turn and grpo.reward_funcs and grpo.max_tokens_per_turn < grpo.max_completion_length
     dataset = load_dataset(grpo.dataset, task="grpo")
     assert len(dataset) >= 24
-    env = load_environment_factory(env_config)()
+    env = load_environment_factory(grpo)()
     assert isinstance(env, ToolEnvironment) and env.reset(dataset[0])[-1]["role"] == "user"
 
 
@@ -109,3 +98,15 @@ def test_reference_solutions_pass_every_hidden_test():
     assert sorted(names) == sorted(REFERENCE_SOLUTIONS)
     completions = [f"Here it is:\n```python\n{REFERENCE_SOLUTIONS[name]}\n```" for name in names]
     assert code_tests(None, completions, tests=[row["tests"] for row in rows]) == [1.0] * len(rows)
+
+
+def test_tiny_calculator_run_goes_end_to_end(tmp_path, monkeypatch):
+    """examples/calculator/tiny.py shortened: SFT, greedy tool-use evaluation, multi-turn GRPO with the real
+    calculator, evaluation again (the numbers of the full run are in docs/ENVIRONMENTS.md)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES / "calculator"))
+    import tiny
+
+    result = tiny.main(["--sft_steps", "2", "--grpo_steps", "1", "--output_dir", str(tmp_path)])
+    for phase in ("before", "after"):
+        assert set(result[phase]) == {"tool_success", "calls_per_episode", "accuracy", "turns"}
+    assert (tmp_path / "grpo" / "checkpoint-1" / "model.safetensors").exists()

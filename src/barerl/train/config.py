@@ -12,6 +12,10 @@ Design:
   expected type and the value. `load_config` adds where the value came from (file or --flag).
 - Sources, later wins: defaults, a YAML or TOML file, then `--key value` overrides. Unknown keys are
   errors with the closest known key suggested.
+- Multi-turn rollouts are a concern of their own (`EnvironmentConfig`: the environment or tools, the limits
+  of an episode's turns), declared once. GRPOConfig holds its fields directly, as TRL's GRPOConfig holds
+  `tools`: the YAML and the command line stay flat (`tools: [...]`, `--max_turns 4`), `--help` lists them
+  in a group of their own, and environment code takes the GRPOConfig wherever it takes an EnvironmentConfig.
 """
 
 from __future__ import annotations
@@ -161,8 +165,49 @@ class SFTConfig(TrainConfig):
     shuffle_dataset: bool = opt(True, "Shuffle the training data each epoch.")
 
 
+ISOLATION_FEATURES = ("network", "processes", "filesystem", "unprivileged")  # what the sandbox may isolate
+
+
 @dataclass(frozen=True)
-class GRPOConfig(TrainConfig):
+class EnvironmentConfig:
+    """Multi-turn options: which environment (or tools), and the limits of an episode's turns."""
+
+    environment_factory: str | None = opt(None, "Environment of each episode: 'module:Class' or "
+                                          "'path/to/file.py:Class', any callable returning an Environment.")
+    tools: tuple[str, ...] = opt((), "Tools the model may call (TRL's tools=): 'module:function', "
+                                 "'path/to/file.py:function' or the built-in 'python' (sandboxed).")
+    max_turns: int = opt(4, "Model turns per episode at most; an episode cut there is recorded as truncated.",
+                         min=1)
+    max_tokens_per_turn: int | None = opt(None, "Tokens the model may sample in one turn (None: what is left of "
+                                          "the episode's max_completion_length).", min=1)
+    max_tool_calls_per_turn: int = opt(8, "Tool calls run per model turn; further calls get an error.", min=1)
+    tool_timeout: float = opt(30.0, "Seconds a tool call may take; a late call gets an error response.", gt=0.0)
+    tool_num_workers: int = opt(8, "Tool calls running at once, over all episodes.", min=1)
+    max_tool_response_chars: int = opt(4000, "Characters of a tool's response kept (the rest is cut, noted).",
+                                       min=16)
+    step_timeout: float = opt(600.0, "Seconds an environment's step (its tool calls included) may take; a later "
+                              "step ends its episode, recorded as an environment error.", gt=0.0)
+    sandbox_require: tuple[str, ...] = opt((), "Sandbox isolations without which the built-in python tool "
+                                           "refuses to run: network, processes, filesystem, unprivileged.",
+                                           choices=ISOLATION_FEATURES)
+
+    def __post_init__(self):
+        coerce_fields(self)
+        self.check_environment()
+
+    def check_environment(self) -> None:
+        if self.environment_factory and self.tools:
+            raise ConfigError("environment_factory and tools: set one, not both (an environment that wants "
+                              "tools can subclass ToolEnvironment)")
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether episodes talk to an environment (else: one completion per prompt)."""
+        return bool(self.environment_factory or self.tools)
+
+
+@dataclass(frozen=True)
+class GRPOConfig(TrainConfig, EnvironmentConfig):
     """GRPO: sample a group of completions per prompt with the engine, score them, update on advantages."""
 
     learning_rate: float = opt(1e-6, "Peak learning rate of AdamW.", min=0.0)
@@ -184,7 +229,8 @@ class GRPOConfig(TrainConfig):
     # Generation
     num_generations: int = opt(8, "Completions sampled per prompt (the group size).", min=2)
     max_prompt_length: int | None = opt(512, "Prompts longer than this are truncated from the left.", min=1)
-    max_completion_length: int = opt(256, "Maximum tokens generated per completion.", min=1)
+    max_completion_length: int = opt(256, "Maximum tokens generated per completion (multi-turn: all tokens of an "
+                                     "episode after its prompt, the model's and the environment's, as TRL).", min=1)
     # the sampling distribution, validated as one SamplingFilter (the engine's and the trainer's)
     temperature: float = opt(1.0, "Sampling temperature, > 0 (the trainer's log-probs use the same one).")
     top_p: float = opt(1.0, "Nucleus sampling, in (0, 1]: keep the smallest set of tokens with this total "
@@ -236,6 +282,7 @@ class GRPOConfig(TrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.check_environment()
         try:
             greedy = self.sampling_filter.greedy
         except SamplingFilterError as e:
@@ -463,15 +510,19 @@ def build_argparser(cls: type, prog: str | None = None) -> argparse.ArgumentPars
     return parser
 
 
+_GROUP_TITLES = {TrainConfig: "training options",
+                 EnvironmentConfig: "multi-turn options (with environment_factory or tools)"}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add `--config` and one `--name VALUE` per field to an existing parser (`config_from_namespace` reads
     them). Values stay strings until the config converts them; bare bool flags mean true; list flags repeat.
     """
     parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                         help="YAML or TOML file of keys; --key flags override it.")
-    common = parser.add_argument_group("training options")
+    groups = {base: parser.add_argument_group(title) for base, title in _GROUP_TITLES.items()
+              if issubclass(cls, base) and base is not cls}
     own = parser.add_argument_group(f"{cls.__name__} options")
-    shared = {f.name for f in dataclasses.fields(TrainConfig)} if issubclass(cls, TrainConfig) else set()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, meta = hints[f.name], f.metadata
@@ -479,7 +530,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if typing.get_origin(_unwrap_optional(tp)) is tuple:
             kwargs["action"] = "append"
         help_text = f"{meta['help']} (default: {_show(f.default)})".replace("%", "%%")
-        group = common if f.name in shared and cls is not TrainConfig else own
+        owner = next((base for base in groups if f.name in {g.name for g in dataclasses.fields(base)}), None)
+        group = groups.get(owner, own)
         group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, default=argparse.SUPPRESS,
                            **kwargs)
 

@@ -53,8 +53,8 @@ from functools import partial
 from typing import Any
 
 from barerl.tokenizer.tool_calls import ToolCall, parse_tool_calls
-from barerl.train.config import coerce_fields, opt
-from barerl.train.sandbox import ISOLATION_FEATURES, Sandbox
+from barerl.train.config import EnvironmentConfig
+from barerl.train.sandbox import Sandbox
 from barerl.train.specs import load_object
 from barerl.train.tools import Tool, ToolResult, call_tool, load_tools
 from barerl.train.worker_pool import Job, WorkerPool
@@ -62,32 +62,6 @@ from barerl.train.worker_pool import Job, WorkerPool
 
 class EnvironmentSetupError(ValueError):
     """An environment or its tools could not be loaded, or a dataset row does not fit it."""
-
-
-@dataclass(frozen=True)
-class EnvironmentConfig:
-    """Multi-turn options: which environment (or tools), and the limits of an episode's turns."""
-
-    environment_factory: str | None = opt(None, "Environment of each episode: 'module:Class' or "
-                                          "'path/to/file.py:Class', any callable returning an Environment.")
-    tools: tuple[str, ...] = opt((), "Tools the model may call (TRL's tools=): 'module:function', "
-                                 "'path/to/file.py:function' or the built-in 'python' (sandboxed).")
-    max_turns: int = opt(4, "Model turns per episode at most; an episode cut there is recorded as truncated.",
-                         min=1)
-    max_tool_calls_per_turn: int = opt(8, "Tool calls run per model turn; further calls get an error.", min=1)
-    tool_timeout: float = opt(30.0, "Seconds a tool call may take; a late call gets an error response.", gt=0.0)
-    tool_num_workers: int = opt(8, "Tool calls running at once, over all episodes.", min=1)
-    max_tool_response_chars: int = opt(4000, "Characters of a tool's response kept (the rest is cut, noted).",
-                                       min=16)
-    sandbox_require: tuple[str, ...] = opt((), "Sandbox isolations without which the built-in python tool "
-                                           "refuses to run: network, processes, filesystem, unprivileged.",
-                                           choices=ISOLATION_FEATURES)
-
-    def __post_init__(self):
-        coerce_fields(self)
-        if self.environment_factory and self.tools:
-            raise EnvironmentSetupError("set environment_factory or tools, not both (an environment that "
-                                        "wants tools can subclass ToolEnvironment)")
 
 
 @dataclass

@@ -14,6 +14,9 @@ Log-probs on both sides come from the same ops at the same temperature, so the l
 mismatch is ~0. The number of optimizer steps per generation batch is
 `steps_per_generation / gradient_accumulation_steps`, times `num_iterations`; old log-probs are computed
 once per generation batch when the policy moves before the batch is used up (TRL's rule).
+With an environment or tools configured (`environment_factory`, `tools`), step 1 plays multi-turn episodes
+instead (train/multi_turn.py): the loss and advantages cover the model's tokens only, and the mismatch is
+also logged per turn.
 With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and more prompts are
 sampled, up to `dynamic_sampling_max_rounds` extra rounds, until the batch is full of informative groups;
 the logged rollout metrics are those of the first round (what the policy does before filtering).
@@ -46,11 +49,13 @@ from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
+from barerl.train.episode_metrics import turn_mismatch
 from barerl.train.losses import PolicyLoss, logprob_mismatch
 from barerl.train.memory_check import plan_run
 from barerl.train.memory_plan import rollout_kv_blocks
+from barerl.train.multi_turn import rollout_generator
 from barerl.train.rewards import RewardRunner, load_rewards
-from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
+from barerl.train.rollouts import Rollouts, TrainBatch, train_batches
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -74,8 +79,9 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
     rewards = load_rewards(reward_funcs if reward_funcs is not None else list(cfg.reward_funcs),
                            cfg.reward_weights)
-    if not rewards:
-        raise ValueError("reward_funcs: GRPO needs at least one reward function")
+    if not rewards and not cfg.environment_factory:
+        raise ValueError("reward_funcs: GRPO needs at least one reward function (or an environment_factory whose "
+                         "steps give rewards)")
     plan = generation_plan(cfg, process_group().size)
     num_prompts = plan.num_prompts
     micro_per_generation = plan.steps_per_generation
@@ -105,13 +111,14 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     llm = LLM(model, tokenizer, **engine)
     logger = run.open_logger()
     step_rewards, checkpoint = [], None
-    with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
+    with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner, \
+            rollout_generator(cfg, tokenizer, plan.local_completions) as generate:
         while run.step < total:
             def sample(round_index: int) -> Rollouts:
                 batch_rows = [rows[i] for i in sampler.take(num_prompts)]
                 mine = plan.prompt_share(dp.rank, dp.size)
-                local = generate_rollouts(llm, tokenizer, batch_rows[mine], cfg, run.step, runner, round_index,
-                                          first_index=mine.start)
+                local = generate(llm, tokenizer, batch_rows[mine], cfg, run.step, runner, round_index,
+                                 first_index=mine.start)
                 return gather_rollouts(dp, local, cfg.num_generations, cfg.scale_rewards)
 
             rollouts = sample(0)
@@ -234,7 +241,7 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     num_sequences = sum(tb.batch.num_sequences for tb in batches)
     sums: dict[str, float] = {}
     # log-probs of the whole step, for the mismatch stats
-    seen = {"engine": [], "trainer": [], "mask": []} if measure_mismatch else None
+    seen = {"engine": [], "trainer": [], "mask": [], "turn": []} if measure_mismatch else None
     results = []  # this rank's micro-batches: (loss, entropy sum, metrics, loss tokens, tokens)
     numbered = dp.local(list(enumerate(batches)))  # the step's index of each: the dropout seed's, on any rank
     for (index, tb), grads in dp.micro_batch_gradients(numbered, run.optimizer.grads):
@@ -256,6 +263,9 @@ def _update(run: TrainingSession, model: Model, batches: list[TrainBatch], cfg: 
     if seen and seen["mask"]:  # over every completion token of the step (not averaged per micro-batch)
         step_mismatch = logprob_mismatch(*(xp.concatenate(seen[key]) for key in ("engine", "trainer", "mask")))
         sums.update({f"mismatch/{key}": value for key, value in step_mismatch.items()})
+        if seen["turn"]:
+            sums.update(turn_mismatch(*(xp.concatenate(seen[key]) for key in ("engine", "trainer", "mask", "turn")),
+                                      xp))
     out = {"loss": loss, "entropy": entropy_sum / num_items, "num_tokens": tokens, **sums}
     out.update(run.optimizer_step())
     memory.sample()  # before a checkpoint's restore() frees the pool's cached blocks
@@ -283,6 +293,8 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, grads, cfg:
         if seen is not None:
             for key, array in (("engine", engine_logp), ("trainer", logp), ("mask", mask)):
                 seen[key].append(array)
+            if tb.turns is not None:
+                seen["turn"].append(xp.asarray(tb.turns))
         return policy(logp)
 
     loss, metrics = model.forward_backward(tb.batch, loss_fn, grads, cfg.sampling_filter,
@@ -325,10 +337,21 @@ def _rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict:
         "time/score": rollouts.score_seconds,
         "generated_tokens_per_second": float(lengths.sum()) / max(rollouts.generate_seconds, 1e-9),
     })
+    if rollouts.episodes is not None:
+        metrics.update(rollouts.episodes.metrics())
     return metrics
 
 
 def _log_samples(logger, step: int, rollouts: Rollouts) -> None:
     texts = lambda xs: [x if isinstance(x, str) else x[-1]["content"] for x in xs]
-    logger.log_samples(step, texts(rollouts.prompts), texts(rollouts.completions),
+    logger.log_samples(step, texts(rollouts.prompts), [_completion_text(c) for c in rollouts.completions],
                        rollouts.scores.total.tolist(), advantage=rollouts.advantages.tolist())
+
+
+def _completion_text(completion) -> str:
+    """A completion as samples.jsonl shows it; a multi-turn one with all its messages, each headed by its role."""
+    if isinstance(completion, str):
+        return completion
+    if len(completion) == 1:
+        return completion[0]["content"]
+    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in completion)

@@ -134,10 +134,13 @@ def rollout_kv_blocks(cfg: GRPOConfig, block_size: int, num_samples: int | None 
     """The most KV blocks a generation round of `num_samples` completions (default: one process's round)
     holds at once. A prompt's full blocks are stored once (its num_generations samples share them); each sample
     owns the rest, from its prompt's last partial block (at most block_size - 1 tokens) to the end of its
-    completion. Prompts are at most max_prompt_length tokens."""
+    completion. Prompts are at most max_prompt_length tokens. Multi-turn: each continued turn recomputes its
+    last partial block into a fresh one (the old one is freed, uncached), so an episode takes up to max_turns
+    blocks more."""
     num_samples = num_samples or cfg.effective_generation_batch_size
     shared = num_samples // cfg.num_generations * (cfg.max_prompt_length // block_size)
-    return shared + num_samples * -(-(cfg.max_completion_length + block_size - 1) // block_size)
+    continued = num_samples * cfg.max_turns if cfg.multi_turn else 0
+    return shared + num_samples * -(-(cfg.max_completion_length + block_size - 1) // block_size) + continued
 
 
 def micro_batch_tokens(cfg: TrainConfig) -> int:

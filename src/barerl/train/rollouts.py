@@ -3,6 +3,10 @@ packed training batches with per-token advantages and the engine's sampling log-
 
 Seeds are derived from (run seed, step, prompt index), so the same run reproduces the same completions,
 and a resumed run the same completions it would have drawn without the interruption.
+
+Multi-turn rollouts (train/multi_turn.py) fill the same `Rollouts`: a completion is then all of an episode
+after its prompt, and `completion_turns` tells the sampled tokens (which carry the loss) from the
+environment's (context only).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import numpy as np
 
 from barerl.engine.sampling_params import SamplingParams
 from barerl.train.data import Example, PackedBatch, encode_prompt, is_conversational
+from barerl.train.episode_metrics import EpisodeStats
 from barerl.train.losses import group_advantages, zero_std_groups
 from barerl.train.rewards import RewardRunner, RewardScores
 
@@ -33,6 +38,9 @@ class Rollouts:
     zero_std: np.ndarray  # (G,) bool: groups whose rewards are all equal
     generate_seconds: float
     score_seconds: float
+    # multi-turn: per completion token, the turn that sampled it (-1: the environment's); None: all sampled
+    completion_turns: list[list[int]] | None = None
+    episodes: EpisodeStats | None = None  # multi-turn: what the episodes did
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -44,7 +52,9 @@ class Rollouts:
         scores = RewardScores(self.scores.names, self.scores.per_function[idx], self.scores.total[idx])
         return Rollouts(pick(self.prompts), pick(self.completions), pick(self.prompt_ids),
                         pick(self.completion_ids), pick(self.engine_logprobs), self.truncated[idx], scores,
-                        self.advantages[idx], self.zero_std, self.generate_seconds, self.score_seconds)
+                        self.advantages[idx], self.zero_std, self.generate_seconds, self.score_seconds,
+                        None if self.completion_turns is None else pick(self.completion_turns),
+                        None if self.episodes is None else self.episodes.select(idx))
 
     def informative(self, group_size: int) -> Rollouts:
         """Only the groups whose rewards differ (the others have zero advantage: no signal)."""
@@ -56,16 +66,25 @@ class Rollouts:
         join = lambda key: [x for p in parts for x in getattr(p, key)]
         scores = concatenate_scores([p.scores for p in parts])
         total = scores.total.astype(np.float32)
+        multi_turn = parts[0].episodes is not None
         return cls(join("prompts"), join("completions"), join("prompt_ids"), join("completion_ids"),
                    join("engine_logprobs"), np.concatenate([p.truncated for p in parts]), scores,
                    group_advantages(total, group_size, scale_rewards), zero_std_groups(total, group_size),
-                   sum(p.generate_seconds for p in parts), sum(p.score_seconds for p in parts))
+                   sum(p.generate_seconds for p in parts), sum(p.score_seconds for p in parts),
+                   join("completion_turns") if multi_turn else None,
+                   EpisodeStats.concatenate([p.episodes for p in parts]) if multi_turn else None)
+
+    def sampled_mask(self, i: int) -> list[int]:
+        """1 for each token of completion i the model sampled, 0 for the environment's."""
+        if self.completion_turns is None:
+            return [1] * len(self.completion_ids[i])
+        return [int(t >= 0) for t in self.completion_turns[i]]
 
     def examples(self, mask_truncated: bool) -> list[Example]:
         out = []
-        for p, c, cut in zip(self.prompt_ids, self.completion_ids, self.truncated):
+        for i, (p, c, cut) in enumerate(zip(self.prompt_ids, self.completion_ids, self.truncated)):
             trained = 0 if (mask_truncated and cut) else 1
-            out.append(Example(p + c, [0] * len(p) + [trained] * len(c)))
+            out.append(Example(p + c, [0] * len(p) + [trained * m for m in self.sampled_mask(i)]))
         return out
 
 
@@ -134,6 +153,7 @@ class TrainBatch:
     engine_logp: np.ndarray  # (T,) the engine's log-prob of each target token (0 where no loss)
     old_logp: object = None  # (T,) policy log-probs before this generation batch's updates
     ref_logp: object = None  # (T,) frozen reference model's log-probs (beta > 0)
+    turns: np.ndarray | None = None  # (T,) multi-turn: the turn of each target token (-1: none)
 
 
 def train_batches(rollouts: Rollouts, indices: list[int], max_sequences: int, max_tokens: int | None,
@@ -158,9 +178,12 @@ def _train_batch(rollouts: Rollouts, examples: list[Example], indices: list[int]
     batch = PackedBatch.from_examples([examples[i] for i in indices])
     T = batch.num_tokens
     advantages, engine_logp = np.zeros(T, np.float32), np.zeros(T, np.float32)
+    turns = None if rollouts.completion_turns is None else np.full(T, -1, np.int32)
     for i, start in zip(indices, batch.cu_seqlens[:-1]):
         p, c = len(rollouts.prompt_ids[i]), len(rollouts.completion_ids[i])
         advantages[start : start + p + c] = rollouts.advantages[i]
         # target t predicts token t+1: completion token j is the target at position p - 1 + j
         engine_logp[start + p - 1 : start + p - 1 + c] = rollouts.engine_logprobs[i]
-    return TrainBatch(batch, advantages, engine_logp)
+        if turns is not None:
+            turns[start + p - 1 : start + p - 1 + c] = rollouts.completion_turns[i]
+    return TrainBatch(batch, advantages, engine_logp, turns=turns)

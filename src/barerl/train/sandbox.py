@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from barerl.train.config import coerce_fields, opt
+from barerl.train.config import ISOLATION_FEATURES, coerce_fields, opt
 
-ISOLATION_FEATURES = ("network", "processes", "filesystem", "unprivileged")
 _INIT_SCRIPT = str(Path(__file__).with_name("sandbox_init.py"))
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache")
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}

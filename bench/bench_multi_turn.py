@@ -1,0 +1,180 @@
+"""Workload M1: multi-turn rollouts with tools in the engine's step loop, against single-turn generation.
+
+M1 (Qwen3-0.6B architecture, random bf16 weights, one GPU): 64 episodes (8 prompts x 8 samples, 128-token
+random prompts, as G1) of 4 model turns each. Every turn samples exactly 256 tokens (temperature 1, EOS
+ignored); after each of the first three, a tool that sleeps 50 ms answers with 64 tokens, appended to the
+episode's sequence; the episode's next turn is a new engine request over all its ids so far, its KV found
+again in the prefix cache, and while one episode waits for its tool the others decode. Reported: episodes/s,
+new (sampled) tokens/s, the G1-style single-turn rate at equal sampled tokens (the same 64 sequences x
+1,024 new tokens, measured in the same process on the same engine), their ratio (goal: >= 85%), the GPU
+idle share (time the engine had nothing to run because every unfinished episode waited for its tool, over
+the multi-turn wall time) and the prefix-cache hit rate of continued turns. Each measurement follows a
+warm-up run of the same shape (kernels compiled, CUDA graphs captured). The tool results are fixed ids
+(no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
+
+    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick]
+
+`--quick` runs the same code on the CPU with a tiny model (8 episodes of 4 turns x 16 tokens, 8-token tool
+results, 10 ms sleeps): a check that the benchmark works, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+PROMPT_LEN = 128
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_prompts: int
+    samples: int
+    turns: int
+    turn_tokens: int
+    tool_tokens: int
+    tool_seconds: float
+
+
+M1 = Shape(num_prompts=8, samples=8, turns=4, turn_tokens=256, tool_tokens=64, tool_seconds=0.05)
+QUICK = Shape(num_prompts=2, samples=4, turns=4, turn_tokens=16, tool_tokens=8, tool_seconds=0.01)
+TINY = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "tie_word_embeddings": True, "max_position_embeddings": 2048}
+
+
+def episode_tokens(shape: Shape) -> int:
+    """An episode's tokens after its prompt: the sampled ones and the tool results."""
+    return shape.turns * shape.turn_tokens + (shape.turns - 1) * shape.tool_tokens
+
+
+class FixedTokens:
+    """An episode codec without a tokenizer: no text, and every tool result is the same fixed ids."""
+
+    def __init__(self, observation_ids: list[int]):
+        self.observation_ids = observation_ids
+
+    def text(self, ids) -> str:
+        return ""
+
+    def observation(self, history, messages, turn_ids, tools) -> list[int]:
+        return list(self.observation_ids)
+
+
+def sleeping_tool(shape: Shape):
+    """An environment whose tool sleeps shape.tool_seconds after each turn but the last, which ends it."""
+    from barerl.train.environments import Environment, Observation
+
+    class SleepingTool(Environment):
+        def __init__(self):
+            self.turns = 0
+
+        def step(self, text):
+            self.turns += 1
+            if self.turns == shape.turns:
+                return Observation(done=True)
+            time.sleep(shape.tool_seconds)
+            return Observation([{"role": "tool", "content": "result"}])
+
+    return SleepingTool
+
+
+def episodes(prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> list[list]:
+    from barerl.train.episode import Episode
+
+    env_class = sleeping_tool(shape)
+    budget = episode_tokens(shape) + 1  # room beyond the last turn: the budget never cuts one
+    return [[Episode(env_class(), codec, [], prompt, budget, shape.turns, 1000 + p, i) for i in range(shape.samples)]
+            for p, prompt in enumerate(prompts)]
+
+
+def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> dict:
+    from barerl.engine.sampling_params import SamplingParams
+    from barerl.train.episode_loop import EpisodeLoop
+    from barerl.train.episode_metrics import EpisodeStats
+    from barerl.train.worker_pool import WorkerPool
+
+    groups = episodes(prompts, shape, codec)
+    params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
+    with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps:
+        stats = EpisodeLoop(llm.engine, steps, params, step_timeout=60).run(groups)
+    played = [e for group in groups for e in group]
+    assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]
+    metrics = EpisodeStats.from_episodes(played, stats).metrics()
+    return {"seconds": stats.wall_seconds, "sampled": sum(e.num_sampled_tokens for e in played),
+            "episodes": len(played), "idle_share": metrics["time/gpu_idle_share"],
+            "cache_hit_rate": metrics["engine/prefix_cache_hit_rate"], "engine_seconds": stats.engine_seconds}
+
+
+def run_single_turn(llm, prompts: list[list[int]], shape: Shape) -> dict:
+    from barerl.engine.sampling_params import SamplingParams
+
+    new_tokens = shape.turns * shape.turn_tokens
+    params = SamplingParams(n=shape.samples, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=0)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sampled": sum(len(o.token_ids) for r in outputs for o in r.outputs)}
+
+
+def make_llm(quick: bool, shape: Shape, batch_invariant: bool):
+    from barerl.config import ModelConfig
+    from barerl.engine.llm import LLM
+    from barerl.model.model import Model
+
+    max_model_len = PROMPT_LEN + episode_tokens(shape) + 1
+    seqs = shape.num_prompts * shape.samples
+    if quick:
+        model = Model.random(ModelConfig.from_dict(TINY, source="tiny"), seed=0)
+        return LLM(model, max_num_seqs=seqs, max_model_len=max_model_len, num_kv_blocks=2048)
+    from bench_train_step import QWEN3_06B
+
+    model = Model.random(ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape"), device="cuda",
+                         dtype="bfloat16", seed=0)
+    return LLM(model, max_num_seqs=seqs, max_model_len=max_model_len, gpu_memory_utilization=0.6,
+               batch_invariant=batch_invariant)
+
+
+def synchronize(llm) -> None:
+    if llm.model.device == "cuda":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
+    parser.add_argument("--batch-invariant", default="off", choices=["on", "off"],
+                        help="the engine's batch_invariant (G1's figures are with it off)")
+    args = parser.parse_args(argv)
+    shape = QUICK if args.quick else M1
+    llm = make_llm(args.quick, shape, args.batch_invariant == "on")
+    rng = np.random.default_rng(0)
+    vocab = llm.model.cfg.vocab_size
+    prompts = rng.integers(0, vocab, (shape.num_prompts, PROMPT_LEN)).tolist()
+    codec = FixedTokens(rng.integers(0, vocab, shape.tool_tokens).tolist())
+    for _ in range(2):  # the first of each is the warm-up
+        synchronize(llm)
+        multi = run_multi_turn(llm, prompts, shape, codec)
+        single = run_single_turn(llm, prompts, shape)
+    rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
+    result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
+              "single_turn_tok_s": single_rate, "ratio": rate / single_rate, "gpu_idle_share": multi["idle_share"],
+              "prefix_cache_hit_rate": multi["cache_hit_rate"]}
+    name = "M1 (quick, CPU)" if args.quick else f"M1 batch_invariant {args.batch_invariant}"
+    print(f"{name}: {multi['episodes']} episodes x {shape.turns} turns x {shape.turn_tokens} sampled tokens, "
+          f"{shape.tool_tokens}-token tool results after {shape.tool_seconds * 1e3:.0f} ms")
+    print(f"  multi-turn : {multi['seconds']:.3f} s, {result['episodes_per_s']:.1f} episodes/s, {rate:.0f} new tok/s, "
+          f"GPU idle share {result['gpu_idle_share']:.1%}, prefix-cache hit rate {result['prefix_cache_hit_rate']:.1%}")
+    print(f"  single-turn: {single['seconds']:.3f} s, {single_rate:.0f} new tok/s "
+          f"({shape.num_prompts} x {shape.samples} x {shape.turns * shape.turn_tokens} tokens)")
+    print(f"  ratio      : {result['ratio']:.1%} of single-turn tok/s (goal >= 85%)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
