@@ -92,9 +92,14 @@ def print_training_floor(key: str, t: Training, m: dict, row: str) -> None:
 
 
 def check_model_folder(folder: str, shape: dict) -> None:
-    """Stop with a clear message if make_model.py's `folder` holds another shape than the workload runs."""
-    found = json.loads((Path(folder) / "config.json").read_text())
-    differing = [f"{k} {found.get(k)} (the workload's: {shape[k]})" for k in SIZE_KEYS if found.get(k) != shape[k]]
+    """Stop with a clear message if make_model.py's `folder` holds another shape than the workload runs (read as
+    barerl reads a folder's config, with its defaults)."""
+    from barerl.config import ModelConfig
+    from barerl.formats.paths import load_config
+
+    found, wanted = load_config(folder), ModelConfig.from_dict(shape)
+    differing = [f"{k} {getattr(found, k)} (the workload's: {getattr(wanted, k)})" for k in SIZE_KEYS
+                 if getattr(found, k) != getattr(wanted, k)]
     if differing:
         raise SystemExit(f"{folder} is not the workload's model shape: {'; '.join(differing)}; write one with "
                          "`python bench/make_model.py DIR --shape SHAPE`")
