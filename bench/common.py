@@ -41,6 +41,7 @@ from shapes import (
 SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "tie_word_embeddings")  # what makes a shape
 
+
 def generation_parser(doc: str, timed: int) -> argparse.ArgumentParser:
     """The command line every generation script shares; each adds its own options."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -300,7 +301,7 @@ def _cupy_ops():
             lambda nbytes: cp.ones(nbytes, cp.uint8), copy_into, elapsed)
 
 
-def host_link_gbs(gib: int = 2) -> float | None:
+def host_link_gbs(size_gib: int = 2) -> float | None:
     """GB/s each way of pinned host <-> GPU copies running both ways at once (what the streamed optimizer step
     does), the median of 5 after one; None without CuPy and a GPU."""
     if _cupy_ops() is None:
@@ -309,7 +310,7 @@ def host_link_gbs(gib: int = 2) -> float | None:
     import cupyx
     import numpy as np
 
-    n, rt = gib << 30, cp.cuda.runtime
+    n, rt = size_gib << 30, cp.cuda.runtime
     host_up, host_down = cupyx.empty_pinned(n, np.uint8), cupyx.empty_pinned(n, np.uint8)
     device_up, device_down = cp.empty(n, np.uint8), cp.zeros(n, np.uint8)
     up, down, times = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True), []

@@ -200,6 +200,36 @@ def test_grpo_trl_r3_on_its_shape(records, tmp_path):
     assert "is not the workload's model shape: tie_word_embeddings False (the workload's: True)" in done.stderr
 
 
+def failing(script: str, patch: str, *args: str) -> dict:
+    """`script`'s record when `patch` (Python, run first) makes it fail where a GPU run that does not fit would:
+    the script must record the failure and exit with status 1, not crash without a record."""
+    code = (f"import runpy, sys\n{patch}\nsys.argv = {[script, *args]!r}\n"
+            f"runpy.run_path({str(BENCH / script)!r}, run_name='__main__')")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{BENCH}", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 1, f"{script}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    return json.loads(next(line[7:] for line in done.stdout.splitlines() if line.startswith("RECORD ")))
+
+
+def test_grpo_barerl_records_a_refused_plan():
+    data = failing("grpo_barerl.py", "import barerl.train.grpo, barerl.train.memory_check as m\n"
+                   "def refuse(*a, **k): raise m.MemoryPlanError('the generate phase needs 156.1 GiB')\n"
+                   "barerl.train.grpo.train_grpo = refuse", "--quick", "--workload", "R3", "--offload-optimizer",
+                   "1")
+    assert data["name"] == "barerl-offload-1" and data["metrics"]["status"] == "did not fit"
+
+
+@needs("trl", "datasets")
+def test_grpo_trl_records_what_did_not_fit(tiny_model):
+    data = failing("grpo_trl.py", "import torch, trl\n"
+                   "def train(*a, **k): raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 9.27 GiB')\n"
+                   "trl.GRPOTrainer.train = train", "--quick", "--vllm", "off", "--workload", "L1", "--steps", "1",
+                   "--model", str(tiny_model))
+    assert data["workload"] == "L1" and data["metrics"]["status"] == "did not fit"
+    assert data["metrics"]["error"].startswith("OutOfMemoryError: CUDA out of memory")
+
+
 def test_reward_parity(tmp_path, tiny_model):
     bench("reward_parity.py", "run", "--system", "barerl", "--task", "demo", "--model", str(tiny_model), "--steps",
           "1", "--batch", "16", "--device", "cpu", "--out", str(tmp_path))
