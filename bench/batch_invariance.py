@@ -16,7 +16,7 @@ import argparse
 
 import ml_dtypes
 import numpy as np
-from common import QWEN3_06B
+from shapes import QWEN3_06B
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SMALL = (1, 16, 64, 256, 1024)

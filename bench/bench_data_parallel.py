@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from common import model_shape
 from grpo_barerl import build_parser, run, summarize
+from shapes import GRPO, model_config
 
 
 def master_weights(checkpoint: Path) -> np.ndarray:
@@ -32,12 +32,17 @@ def master_weights(checkpoint: Path) -> np.ndarray:
 
 
 def initial_master(quick: bool) -> np.ndarray:
-    """R1's seeded random bf16 weights as fp32: the master before the step."""
-    from barerl.config import ModelConfig
+    """R1's seeded random weights as grpo_barerl.py draws them (on the GPU: CuPy's draws, bf16), as fp32: the
+    master before the step."""
     from barerl.model.model import Model
 
-    dtype = "float32" if quick else "bfloat16"  # grpo_barerl.py's: fp32 on the CPU
-    return Model.random(ModelConfig.from_dict(model_shape(quick)), dtype=dtype, seed=0).params.flat.astype(np.float32)
+    device, dtype = ("cpu", "float32") if quick else ("cuda", "bfloat16")
+    flat = Model.random(model_config(GRPO["R1"].shape, quick), device=device, dtype=dtype, seed=0).params.flat
+    if device == "cuda":
+        import cupy
+
+        flat = cupy.asnumpy(flat)
+    return flat.astype(np.float32)
 
 
 def compare(out: Path, ranks: int, quick: bool) -> dict:
@@ -82,7 +87,7 @@ def main() -> None:
     exact = run(argparse.Namespace(**{**vars(r1), "steps": 1}),
                 num_prompts=8, output_dir=out / f"exact-{ranks}",
                 overrides={"generation_batch_size": 64, "gradient_accumulation_steps": accumulation,
-                           "gradient_sum": "tree", "save_steps": 1})
+                           "gradient_sum": "tree", "save_strategy": "steps", "save_steps": 1})
     if not group.is_main:
         return
     scaling, exact = summarize(scaling), summarize(exact)

@@ -1,5 +1,5 @@
-"""What every workload script shares: the model shape, the machine's two ceilings, process-start time, device
-memory sampled the same way for every system, and one JSON record per run.
+"""What every workload script shares (sizes and floors: shapes.py): the machine's ceilings, process-start time,
+device memory sampled the same way for every system, and one JSON record per run (or per failure).
 
 Design decisions:
 - Each script runs one system in its own process, so its warm-up, its peak memory and its cold start are its
@@ -26,23 +26,29 @@ import zlib
 from datetime import date
 from pathlib import Path
 
-QWEN3_06B = {
-    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
-}
-TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # --quick: a CPU smoke test
-PROMPT_LEN = 128
-SPEC_BF16_TFLOPS = 989.0  # H200 SXM, dense bf16, vendor datasheet
-GENERATION = {"G1": (8, 8, 1024), "G2": (256, 1, 512)}  # prompts, samples per prompt, new tokens
-QUICK_NEW_TOKENS = 8  # --quick's generation length
+from shapes import (
+    GENERATION,
+    QUICK_NEW_TOKENS,
+    SHAPES,
+    Generation,
+    Training,
+    decode_floor_seconds,
+    model_config,
+    utilisation_words,
+    workload,
+)
+
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "tie_word_embeddings")  # what makes a shape
 
 
 def generation_parser(doc: str, timed: int) -> argparse.ArgumentParser:
-    """The command line every G1 / G2 script shares; each adds its own options."""
+    """The command line every generation script shares; each adds its own options."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(GENERATION), choices=list(GENERATION))
+    parser.add_argument("--workload", "--workloads", dest="workloads", nargs="+", default=["G1", "G2"],
+                        choices=list(GENERATION), help="run in order in this process, all of one model shape")
+    parser.add_argument("--shape", default=None, choices=list(SHAPES),
+                        help="run the workloads' sizes on this model shape (default: each workload's own)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK_NEW_TOKENS} new tokens of a tiny model (a smoke test; barerl, transformers: the CPU)")
     parser.add_argument("--timed", type=int, default=timed, help="timed calls per workload (the best is reported)")
@@ -50,13 +56,54 @@ def generation_parser(doc: str, timed: int) -> argparse.ArgumentParser:
     return parser
 
 
-def model_shape(quick: bool) -> dict:
-    return {**QWEN3_06B, **TINY} if quick else dict(QWEN3_06B)
+def generation_workloads(parser: argparse.ArgumentParser, args) -> dict[str, Generation]:
+    """The workloads asked for, by the name their records go under; one model shape, or a clear error."""
+    works = dict(workload(GENERATION, name, args.shape, args.quick) for name in args.workloads)
+    shapes = sorted({w.shape for w in works.values()})
+    if len(shapes) > 1:
+        parser.error(f"--workload {' '.join(args.workloads)}: one process runs one model shape, these need "
+                     f"{', '.join(shapes)}; run them one shape at a time (or give --shape)")
+    return works
 
 
-def hf_config_kwargs(shape: dict) -> dict:
-    """`transformers.Qwen3Config` keyword arguments for a shape (pad 0 and eos 1, as the numbered tokenizer)."""
-    return {k: v for k, v in shape.items() if k != "architectures"} | {"pad_token_id": 0, "eos_token_id": 1}
+def gib(value: float | None) -> str:
+    """A GiB figure in a printed line ("-" where none was read: no GPU)."""
+    return "-" if value is None else f"{value:.1f}"
+
+
+def report_generation_floor(key: str, work: Generation, metrics: dict, copy_tbs: float, system: str) -> None:
+    """Add the HBM floor (seconds of the timed call's work) and the fraction of it reached to `metrics`, and print
+    both with the peak memory."""
+    floor = decode_floor_seconds(model_config(work.shape), work, copy_tbs * 1e12)
+    metrics.update(floor_s=floor, of_hbm_bound=floor * metrics["new_tok_s"] / metrics["new_tokens"])
+    print(f"{key} floor ({work.shape}, {work.sequences} x {work.new_tokens} new tokens after {work.prompt_len}-token "
+          f"prompts): {work.sequences * work.new_tokens / floor:,.0f} new tok/s ({1e3 * floor / work.new_tokens:.2f} "
+          f"ms a decode step at {copy_tbs:.2f} TB/s); {system} {metrics['new_tok_s']:,.0f} new tok/s, "
+          f"{metrics['of_hbm_bound']:.1%} of it; peak {gib(metrics.get('peak_gib'))} GiB", flush=True)
+
+
+def print_training_floor(key: str, t: Training, m: dict, row: str) -> None:
+    """A training row's floor line: the sizes, the floor at the measured matrix rate (the fraction of it reached
+    is the MFU), MFU over the spec too, the peak memory and the plan's where `m` has it."""
+    floor = f"floor {m['floor_s']:.2f} s at {m['matmul_tflops']:.0f} TFLOP/s" if m["floor_s"] else "no floor (no GPU)"
+    planned = f" (planned {m['planned_gib']:.1f})" if "planned_gib" in m else ""
+    print(f"{key} {row} ({t.shape}, {t.sequences} x {t.seqlen} tokens, {t.loss_tokens or 'all'} with a loss each, "
+          f"micro-batches of {t.micro_batch}; {m['useful_flop']:.3g} FLOP): {floor}; {m['step_s']:.2f} s, "
+          f"{utilisation_words(m)}; peak {gib(m.get('peak_gib'))} GiB{planned}", flush=True)
+
+
+def check_model_folder(folder: str, shape: dict) -> None:
+    """Stop with a clear message if make_model.py's `folder` holds another shape than the workload runs (read as
+    barerl reads a folder's config, with its defaults)."""
+    from barerl.config import ModelConfig
+    from barerl.formats.paths import load_config
+
+    found, wanted = load_config(folder), ModelConfig.from_dict(shape)
+    differing = [f"{k} {getattr(found, k)} (the workload's: {getattr(wanted, k)})" for k in SIZE_KEYS
+                 if getattr(found, k) != getattr(wanted, k)]
+    if differing:
+        raise SystemExit(f"{folder} is not the workload's model shape: {'; '.join(differing)}; write one with "
+                         "`python bench/make_model.py DIR --shape SHAPE`")
 
 
 def process_start_time() -> float:
@@ -139,12 +186,6 @@ def timed_runs(make_prompts, generate, count: int, label: str) -> list[float]:
         rates.append(tokens / seconds)
         print(f"{label}, timed run {trial + 1}: {rates[-1]:.0f} new tok/s ({seconds:.3f} s)", flush=True)
     return rates
-
-
-def training_flops(shape: dict, num_params: int, seqs: int, seqlen: int) -> float:
-    """Useful FLOP of one optimizer step (WORKLOADS.md): 6 N tokens + causal attention; recomputation not counted."""
-    attention = 3 * (4 * seqlen**2 / 2 * shape["head_dim"] * shape["num_attention_heads"]) * shape["num_hidden_layers"]
-    return 6 * num_params * seqs * seqlen + attention * seqs
 
 
 class DeviceMemory:
@@ -260,6 +301,30 @@ def _cupy_ops():
             lambda nbytes: cp.ones(nbytes, cp.uint8), copy_into, elapsed)
 
 
+def host_link_gbs(size_gib: int = 2) -> float | None:
+    """GB/s each way of pinned host <-> GPU copies running both ways at once (what the streamed optimizer step
+    does), the median of 5 after one; None without CuPy and a GPU."""
+    if _cupy_ops() is None:
+        return None
+    import cupy as cp
+    import cupyx
+    import numpy as np
+
+    n, rt = size_gib << 30, cp.cuda.runtime
+    host_up, host_down = cupyx.empty_pinned(n, np.uint8), cupyx.empty_pinned(n, np.uint8)
+    device_up, device_down = cp.empty(n, np.uint8), cp.zeros(n, np.uint8)
+    up, down, times = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True), []
+    for _ in range(6):
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        rt.memcpyAsync(device_up.data.ptr, host_up.ctypes.data, n, rt.memcpyHostToDevice, up.ptr)
+        rt.memcpyAsync(host_down.ctypes.data, device_down.data.ptr, n, rt.memcpyDeviceToHost, down.ptr)
+        up.synchronize()
+        down.synchronize()
+        times.append(time.perf_counter() - start)
+    return n / sorted(times[1:])[2] / 1e9
+
+
 def versions(*names: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -285,3 +350,18 @@ def write_record(out: str | None, name: str, workload: str, system: str, label: 
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{workload}-{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def write_failure(out: str | None, name: str, workload: str, system: str, label: str, settings: dict,
+                  error: BaseException, started: bool, metrics: dict, packages: tuple[str, ...] = ()) -> dict:
+    """A run that did not fit or did not finish, recorded as such: `status` ("did not fit" for an out-of-memory
+    error or a refused memory plan; else "could not start", or "failed" once `started`), the error's message
+    and what was measured up to there. The stage goes on, and the report shows why a figure is missing."""
+    kinds = {c.__name__ for c in type(error).__mro__}
+    message = f"{type(error).__name__}: {error}"
+    out_of_memory = any("OutOfMemory" in k for k in kinds) or "MemoryPlanError" in kinds or any(
+        words in message.lower() for words in ("out of memory", "no available memory", "available kv cache memory"))
+    status = "did not fit" if out_of_memory else "failed" if started else "could not start"
+    print(f"{workload} {system}, {label}: {status}: {message.splitlines()[0][:300]}", flush=True)
+    return write_record(out, name, workload, system, label, settings,
+                        {"status": status, "error": message[:2000], **metrics}, packages)

@@ -10,10 +10,12 @@
 #   vllm_install  join and install them into /tmp/vsite once all are there (done by any vLLM stage if needed)
 #   tests         the GPU test suite (pytest -m gpu tests; TESTS= other paths, TEST_TIMEOUT= its limit)
 # Benchmark stages (bench/run_all.py's STAGES): gen_barerl gen_vllm gen_hf gen_hf_default t1 t1_tuned r1
-#   r1_trl_vllm r1_trl lora (R1 full-parameter, then with LoRA r=16) lora_8b (LoRA GRPO, Qwen3-8B shape,
-#   8 x 8 x 4,096 tokens). gen_vllm and r1_trl_vllm run with the installed vLLM; t1_tuned, r1_trl_vllm and
-#   r1_trl with the wheels of --wheels (TRL, datasets, dill, multiprocess, Liger-Kernel), installed once
-#   into /tmp/site. A machine kept warm between commands keeps /tmp: installs, CuPy's kernel cache, tuning.
+#   r1_trl_vllm r1_trl, lora (R1 full-parameter, then with LoRA r=16), lora_8b (LoRA GRPO, Qwen3-8B shape,
+#   R2's sizes), and the larger workloads g3 g3_vllm t2 t2_torch r2 r2_trl_vllm r3 r3_trl_vllm l1
+#   l1_trl_vllm. gen_vllm, g3_vllm and the *_trl_vllm stages run with the installed vLLM; t1_tuned, t2_torch,
+#   the *_trl_vllm stages and r1_trl with the wheels of --wheels (TRL, datasets, dill, multiprocess,
+#   Liger-Kernel), installed once into /tmp/site. A machine kept warm between commands keeps /tmp: installs,
+#   CuPy's kernel cache, tuning, the model folders (/tmp/bench-model-<shape>: 8 GB for 4B, 16 GB for 8B).
 # Results: DIR/results.tgz (every step's log, the JSON records, commands.txt, gpu.txt) and DIR/summary.txt
 # (each step's end and its figures); `python bench/run_all.py record EXTRACTED --commit SHA` files them.
 set -uo pipefail
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ -n "$TO" ] && [ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ -n "$TO" ] && [ $# -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
 mkdir -p "$TO"
 WORK=/tmp/bench-run-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$WORK" /tmp/vllm-parts /tmp/cupy_cache
@@ -84,13 +86,13 @@ stage_tests() {
 
 bench_stage() (  # bench_stage STAGE: one of run_all.py's stages, with the packages it needs on the path
   case $1 in
-    gen_vllm | r1_trl_vllm)
+    gen_vllm | g3_vllm | *_trl_vllm)
       stage_vllm_install || exit 1
       # shellcheck disable=SC1091
       source /tmp/vsite/env.sh ;;  # vLLM's packages first on the path, and its environment variables
   esac
   case $1 in
-    t1_tuned | r1_trl_vllm | r1_trl) install_wheels || exit 1; export PYTHONPATH=/tmp/site:$PYTHONPATH ;;
+    t1_tuned | t2_torch | *_trl_vllm | r1_trl) install_wheels || exit 1; export PYTHONPATH=/tmp/site:$PYTHONPATH ;;
   esac
   python3 bench/run_all.py run "$1" --out "$WORK"
 )
@@ -104,6 +106,6 @@ for stage in "$@"; do
   echo "===== $stage: rc=$?"
 done 2>&1 | tee "$WORK/driver.log"
 
-grep -h -E "^(--- |R1 |T1 |G1 |G2 |vLLM |LoRA )" "$WORK"/*.log > "$TO/summary.txt" 2>/dev/null
+grep -h -E "^(--- |[GTRL][0-9](-[^ ]+)? |vLLM )" "$WORK"/*.log > "$TO/summary.txt" 2>/dev/null
 tar -czf "$TO/results.tgz" -C "$WORK" .
 ls -l "$TO"

@@ -1,11 +1,13 @@
-"""Workload R1 (one GRPO step) on TRL's GRPOTrainer, the peer of grpo_barerl.py: the same model shape (a
-folder written by make_model.py: random bf16 weights, the numbered tokenizer), prompts, lengths, batch (64
-completions, micro-batches of 16, one update per generation), loss (DAPO, beta 0), learning rate and reward.
+"""Workloads R1, R2, R3 and L1 (one GRPO step) on TRL's GRPOTrainer, the peer of grpo_barerl.py: the same
+model shape (a folder written by make_model.py of the workload's shape: random bf16 weights, the numbered
+tokenizer), prompts, lengths, batch (all completions of a step, the workload's micro-batches, one update per
+generation), loss (DAPO, beta 0), learning rate and reward (`--workload`, `--shape`: shapes.py).
 
 Generation, `--vllm`:
 - `colocate` (the default, how TRL's GRPO is run for speed): `use_vllm=True, vllm_mode="colocate"`, vLLM in
-  this process at `vllm_gpu_memory_utilization` (default 0.1: one round's KV cache, 64 x 1,152 tokens = 8.3 GB,
-  fits with the weights in 14 GiB; TRL's default is 0.3), TRL's default importance-sampling correction;
+  this process at `vllm_gpu_memory_utilization`, by default the share of the GPU that holds the weights and one
+  round's KV cache with 2 GiB to spare, in steps of 0.05 (R1: 0.1, 64 x 1,152 tokens = 8.5 GB of KV; R2 0.35,
+  R3 0.3, L1 0.25 on an H200; TRL's default is 0.3), TRL's default importance-sampling correction;
 - `off`: TRL's own transformers `generate`.
 Timing, the same as grpo_barerl.py: the wall clock between the ends of consecutive steps (TRL's `on_step_end`
 callback), everything in the step, median of the steps after the first. Phases: time inside TRL's generate
@@ -17,31 +19,37 @@ TRL's own logged `sampling/sampling_logp_difference` beside them. Without vLLM, 
 log-probs: after training, completions are sampled with `generate(output_logits=True)` and compared with a
 training forward over the same sequences. Peak device memory as barerl's (common.DeviceMemory; vLLM's
 reserved KV cache counts), torch's max reserved / allocated beside it; cold start: process start to the end
-of the first step.
+of the first step. A run that does not fit or cannot start (vLLM's KV cache, an out-of-memory error while
+training) is recorded as such with its error (common.write_failure), and the script exits with status 1.
 
-    python bench/grpo_trl.py --model DIR [--vllm colocate|off] [--vllm-gpu-memory-utilization 0.1]
-        [--steps 3] [--quick] [--out DIR]
+    python bench/grpo_trl.py --model DIR [--workload R1|R2|R3|L1] [--shape SHAPE] [--vllm colocate|off]
+        [--vllm-gpu-memory-utilization F] [--steps 3] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
 import tempfile
 import time
 
 import numpy as np
 from common import (
-    PROMPT_LEN,
     DeviceMemory,
     caches_at_start,
     cheap_reward,
+    check_model_folder,
+    gib,
     prompt_rows,
     since_process_start,
+    write_failure,
     write_record,
 )
+from shapes import GRPO, SHAPES, Grpo, model_config, shape_dict, workload
 
-NEW_TOKENS, QUICK_LENGTHS = 1024, (16, 16)  # completion length; (prompt, completion) of the CPU smoke test
+SPARE_BYTES = 2 << 30  # vLLM's activations, graphs and sampler beside its weights and KV cache
 
 
 def logprob_stats(engine_logp, trainer_logp, mask) -> dict:
@@ -113,16 +121,27 @@ def generation_vs_training_logprobs(model, rows, tokenizer, samples: int, new_to
     return {**logprob_stats(sampled.cpu().numpy(), trained.cpu().numpy(), mask), "tokens": int(mask.sum())}
 
 
-def trl_config(args, cuda: bool, prompt_len: int, new_tokens: int):
+def one_round_share(work: Grpo, device_bytes: int) -> float:
+    """The share of the GPU that holds vLLM's copy of the weights and one generation round's KV cache (every
+    completion at its full length) with SPARE_BYTES beside them, rounded up to 0.05."""
+    from barerl.train.memory_plan import kv_bytes_per_token
+
+    cfg = model_config(work.shape)
+    kv = work.completions * (work.prompt_len + work.completion_len) * kv_bytes_per_token(cfg, 2)
+    return math.ceil((2 * cfg.num_parameters() + kv + SPARE_BYTES) / device_bytes * 20 - 1e-9) / 20
+
+
+def trl_config(args, work: Grpo, cuda: bool):
     import trl
 
     vllm = {"use_vllm": args.vllm == "colocate"}
     if args.vllm == "colocate":
         vllm.update(vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                    vllm_max_model_length=prompt_len + new_tokens)
+                    vllm_max_model_length=work.prompt_len + work.completion_len)
     return trl.GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="r1-trl-"), max_steps=args.steps, num_generations=8,
-        per_device_train_batch_size=16, gradient_accumulation_steps=4, max_completion_length=new_tokens,
+        output_dir=tempfile.mkdtemp(prefix=f"{args.workload.lower()}-trl-"), max_steps=args.steps,
+        num_generations=work.samples, per_device_train_batch_size=work.micro_batch,
+        gradient_accumulation_steps=work.completions // work.micro_batch, max_completion_length=work.completion_len,
         temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant", gradient_checkpointing=True,
         loss_type="dapo", beta=0.0, bf16=cuda, logging_steps=1, save_strategy="no", report_to="none", seed=0,
         shuffle_dataset=False, use_cpu=not cuda, model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
@@ -131,28 +150,48 @@ def trl_config(args, cuda: bool, prompt_len: int, new_tokens: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a folder written by make_model.py")
+    parser.add_argument("--model", required=True, help="a folder written by make_model.py (of the workload's shape)")
+    parser.add_argument("--workload", default="R1", choices=list(GRPO))
+    parser.add_argument("--shape", default=None, choices=list(SHAPES),
+                        help="run the workload's sizes on this model shape (default: its own)")
     parser.add_argument("--vllm", default="colocate", choices=("colocate", "off"))
-    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.1)
+    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
+                        help="default: the weights and one round's KV cache (see the module docstring)")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps; the first is a warm-up")
     parser.add_argument("--quick", action="store_true", help="short sequences (with make_model.py --quick's folder)")
     parser.add_argument("--out", default=None, help="folder for the JSON record")
     args = parser.parse_args()
+    key, work = workload(GRPO, args.workload, args.shape, args.quick)
+    check_model_folder(args.model, shape_dict(work.shape, args.quick))
 
     caches = caches_at_start()
     memory = DeviceMemory().start()
-    for key, value in {"MASTER_ADDR": "localhost", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(key, value)  # vLLM colocated in one process
+    for name, value in {"MASTER_ADDR": "localhost", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1",
+                        "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(name, value)  # vLLM colocated in one process
     import datasets
     import torch
     import transformers
     import trl
 
     cuda = torch.cuda.is_available()
-    prompt_len, new_tokens = QUICK_LENGTHS if args.quick else (PROMPT_LEN, NEW_TOKENS)
+    if args.vllm == "colocate" and not cuda:
+        parser.error("--vllm colocate needs a GPU (on a CPU: --vllm off)")
+    if args.vllm == "colocate" and args.vllm_gpu_memory_utilization is None:
+        args.vllm_gpu_memory_utilization = one_round_share(work, torch.cuda.mem_get_info()[1])
+    config = trl_config(args, work, cuda)
+    settings = {"use_vllm": args.vllm == "colocate", "vllm_mode": "colocate" if args.vllm == "colocate" else None,
+                "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization if args.vllm == "colocate" else None,
+                "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction,
+                "bf16": cuda, "weights": "bf16" if cuda else "fp32", "gradient_checkpointing": True,
+                "loss_type": "dapo", "beta": 0.0, "learning_rate": 1e-6, "micro_batch": work.micro_batch}
+    name = "trl-vllm" if args.vllm == "colocate" else "trl"
+    label = "TRL + vLLM colocate" if args.vllm == "colocate" else "TRL, transformers generate"
+    setting = (f"vLLM colocate, vllm_gpu_memory_utilization {args.vllm_gpu_memory_utilization:g}"
+               if args.vllm == "colocate" else "transformers generate (use_vllm off)")
+    system, packages = f"TRL {trl.__version__}", ("torch", "transformers", "trl", "vllm", "datasets")
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    rows = prompt_rows(tokenizer.vocab_size, 8 * args.steps, prompt_len)
+    rows = prompt_rows(tokenizer.vocab_size, work.prompts * args.steps, work.prompt_len)
     phases, ends, mismatch, cold = Phases(cuda), [], [], {}
 
     class StepEnds(transformers.TrainerCallback):
@@ -167,19 +206,29 @@ def main() -> None:
 
     reward = phases.wrap(cheap_reward, "score")
     reward.__name__ = "cheap_reward"
-    trainer = trl.GRPOTrainer(model=args.model, reward_funcs=[reward], processing_class=tokenizer,
-                              args=trl_config(args, cuda, prompt_len, new_tokens),
-                              train_dataset=datasets.Dataset.from_list(rows), callbacks=[StepEnds()])
-    if args.vllm == "colocate":
-        generation = trainer.vllm_generation
-        generation.generate = phases.wrap(generation.generate, "generate")
-        generation.sync_weights = phases.wrap(generation.sync_weights, "sync_weights")
-        capture_mismatch(trainer, mismatch)
-    else:
-        trainer.model.generate = phases.wrap(trainer.model.generate, "generate")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
+    try:
+        trainer = trl.GRPOTrainer(model=args.model, reward_funcs=[reward], processing_class=tokenizer, args=config,
+                                  train_dataset=datasets.Dataset.from_list(rows), callbacks=[StepEnds()])
+        if args.vllm == "colocate":
+            generation = trainer.vllm_generation
+            generation.generate = phases.wrap(generation.generate, "generate")
+            generation.sync_weights = phases.wrap(generation.sync_weights, "sync_weights")
+            capture_mismatch(trainer, mismatch)
+        else:
+            trainer.model.generate = phases.wrap(trainer.model.generate, "generate")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+    except Exception as error:  # noqa: BLE001 (not fitting is a result: recorded, and the stage goes on)
+        import traceback
+
+        traceback.print_exc()
+        write_failure(args.out, name, key, system, setting, settings, error, bool(ends),
+                      {"peak_gib": memory.peak_gib(), "step_s_each": np.diff(ends).tolist(),
+                       "torch_max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None},
+                      packages)
+        sys.stdout.flush()
+        os._exit(1)  # not interpreter shutdown: a failed colocated vLLM can hang there on its threads
     cold_start = cold.get("first_step_end_s")
     steps = np.diff(ends).tolist()
     median = lambda key: float(np.median(phases.spans.get(key, [0.0])[1:] or phases.spans.get(key, [0.0])))
@@ -197,7 +246,8 @@ def main() -> None:
     metrics["train"] = metrics["step_s"] - metrics["generate"] - metrics["sync_weights"] - metrics["score"]
     if args.vllm == "off":
         trainer.model.generate = trainer.model.__class__.generate.__get__(trainer.model)
-        mismatch = [generation_vs_training_logprobs(trainer.model, rows[:8], tokenizer, 8, 128 if args.quick else 256)]
+        mismatch = [generation_vs_training_logprobs(trainer.model, rows[:work.prompts], tokenizer, work.samples,
+                                                    128 if args.quick else 256)]
     later_mismatch = mismatch[1:] or mismatch
     if later_mismatch:
         metrics["mismatch_max"] = max(m["max"] for m in later_mismatch)
@@ -207,19 +257,12 @@ def main() -> None:
                    torch_max_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
                    torch_max_allocated_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
     memory.stop()
-    settings = {"use_vllm": args.vllm == "colocate", "vllm_mode": "colocate" if args.vllm == "colocate" else None,
-                "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization if args.vllm == "colocate" else None,
-                "vllm_importance_sampling_correction": trainer.args.vllm_importance_sampling_correction,
-                "bf16": cuda, "weights": "bf16" if cuda else "fp32", "gradient_checkpointing": True,
-                "loss_type": "dapo", "beta": 0.0, "learning_rate": 1e-6, "micro_batch": 16}
-    label = "TRL + vLLM colocate" if args.vllm == "colocate" else "TRL, transformers generate"
-    print(f"R1 {label}: {metrics['step_s']:.2f} s/step (steps {', '.join(f'{s:.2f}' for s in steps)}; generate "
+    print(f"{key} {label}: {metrics['step_s']:.2f} s/step (steps {', '.join(f'{s:.2f}' for s in steps)}; generate "
           f"{metrics['generate']:.2f}), mismatch max {metrics.get('mismatch_max', float('nan')):.3g}, mean "
           f"{metrics.get('mismatch_mean', float('nan')):.3g}, cold start {cold_start:.1f} s", flush=True)
-    setting = (f"vLLM colocate, vllm_gpu_memory_utilization {args.vllm_gpu_memory_utilization:g}"
-               if args.vllm == "colocate" else "transformers generate (use_vllm off)")
-    write_record(args.out, "trl-vllm" if args.vllm == "colocate" else "trl", "R1", f"TRL {trl.__version__}", setting,
-                 settings, metrics, ("torch", "transformers", "trl", "vllm", "datasets"))
+    print(f"{key} {label}: peak {gib(metrics['peak_gib'])} GiB (torch's max allocated "
+          f"{gib(metrics['torch_max_allocated_gib'])})", flush=True)
+    write_record(args.out, name, key, system, setting, settings, metrics, packages)
 
 
 if __name__ == "__main__":  # vLLM may start worker processes with spawn: the guard is needed

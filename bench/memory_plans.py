@@ -8,17 +8,18 @@ barerl.train.memory_plan, with an empty column for the figure measured on the GP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from bench_grpo_step import grpo_config
-from shapes import GRPO, TRAINING, Training, model_config
+from grpo_barerl import grpo_config
+from shapes import GRPO, TRAINING, model_config
+from train_barerl import training_config
 
-from barerl.train.config import SFTConfig
 from barerl.train.memory_plan import GIB, MemoryPlan, plan_training
 
-# (workload, variant, config changes)
+# (workload, variant, changes: "offload" of the workload's sizes, "keep" of the recomputation)
 VARIANTS = {
-    "T1": [("keep attention", {}), ("keep attention,linear", {"gradient_checkpointing_keep": ("attention", "linear")})],
-    "T2": [("keep attention", {}), ("keep attention,linear", {"gradient_checkpointing_keep": ("attention", "linear")})],
+    "T1": [("keep attention", {}), ("keep attention,linear", {"keep": ("attention", "linear")})],
+    "T2": [("keep attention", {}), ("keep attention,linear", {"keep": ("attention", "linear")})],
     "R1": [("resident", {}), ("--offload-optimizer 0.55", {"offload": 0.55}), ("--offload-optimizer", {"offload": 1.0})],
     "R2": [("resident", {}), ("keep attention,linear", {"keep": ("attention", "linear")})],
     "R3": [("optimizer resident (does not fit)", {"offload": None}), ("--offload-optimizer 0.1 (the preset)", {}),
@@ -28,20 +29,14 @@ VARIANTS = {
 }
 
 
-def training_config(t: Training, **changes) -> SFTConfig:
-    """What bench_train_step.py runs, as an SFT config: whole sequences in micro-batches, recomputation."""
-    return SFTConfig(per_device_train_batch_size=t.micro_batch, max_length=t.seqlen,
-                     max_tokens_per_microbatch=t.micro_batch * t.seqlen, gradient_checkpointing=True, **changes)
-
-
 def plan_of(workload: str, changes: dict) -> MemoryPlan:
+    """The plan of what train_barerl.py / grpo_barerl.py run for `workload`, with `changes`."""
+    keep = changes.get("keep", ("attention",))
     if workload in TRAINING:
         t = TRAINING[workload]
-        return plan_training(model_config(t.shape), "bfloat16", training_config(t, **changes))
-    work = GRPO[workload]
-    offload = changes.get("offload", work.offload)
-    cfg = grpo_config(work, 3, "unused", 8, offload, changes.get("keep", ("attention",)), True)
-    return plan_training(model_config(work.shape), "bfloat16", cfg)
+        return plan_training(model_config(t.shape), "bfloat16", training_config(t, keep))
+    work = dataclasses.replace(GRPO[workload], offload=changes.get("offload", GRPO[workload].offload))
+    return plan_training(model_config(work.shape), "bfloat16", grpo_config(work, "unused", keep=keep))
 
 
 def markdown(plan: MemoryPlan) -> str:

@@ -14,8 +14,8 @@ import argparse
 from collections import defaultdict
 
 import numpy as np
-from common import QWEN3_06B
 from op_proxy import OpProxy
+from shapes import QWEN3_06B
 
 
 def op_label(name: str, args) -> str:

@@ -16,8 +16,9 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from common import QWEN3_06B, TINY, ceilings
+from common import ceilings
 from op_proxy import OpProxy
+from shapes import QWEN3_06B, TINY
 
 
 def attention_flops(q, cu_seqlens, backward: bool) -> float:

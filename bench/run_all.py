@@ -6,10 +6,13 @@ the README's table and chart from the latest recorded runs.
     python bench/run_all.py report                               # table + chart from the latest runs
 
 Stages (STAGES below) group the scripts that fit one timed step each; `bench/gpu_run.sh` runs them on the GPU
-machine with the packages each needs. A recorded run is `bench/results/<workload>/<date>-<commit>/`: the JSON
-records of every system in it (common.write_record), the logs of the scripts that wrote them and
-`commands.txt`; `history.csv` beside the runs has one line per run (barerl against the workload's principal
-peer). The report pairs barerl with each peer as PAIRS says: settings of equal work side by side.
+machine with the packages each needs. A stage's model folder is MODEL for Qwen3-0.6B and MODEL-<shape> for the
+others (`{model}-qwen3-4b`), each written once by make_model.py. A recorded run is
+`bench/results/<workload>/<date>-<commit>/`: the JSON records of every system in it (common.write_record), the
+logs of the scripts that wrote them and `commands.txt`; `history.csv` beside the runs has one line per run
+(barerl against the workload's principal peer). The report pairs barerl with each peer as PAIRS says: settings
+of equal work side by side; a peer that did not fit or could not start (common.write_failure) is shown so, with
+no ratio. A workload run on another shape (`G1-qwen3-4b`) is reported by its workload's metric and pairs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MODEL = "/tmp/bench-model"  # the peers' model folder (make_model.py); --quick makes a tiny one beside it
+MAKE_4B, MAKE_8B, MAKE_17B = (("make_model", ["make_model.py", f"{{model}}-{shape}", "--shape", shape], 240, None)
+                              for shape in ("qwen3-4b", "qwen3-8b", "qwen3-1.7b"))
 # stage: steps of (name, script and arguments, timeout in seconds, arguments to retry with if it fails)
 STAGES = {
     "gen_barerl": [("make_model", ["make_model.py", "{model}"], 120, None),
@@ -52,19 +58,47 @@ STAGES = {
                ("grpo_trl", ["grpo_trl.py", "--model", "{model}", "--vllm", "off"], 480, None)],
     "lora": [("make_model", ["make_model.py", "{model}"], 120, None),  # R1: full parameters, then LoRA r=16
              ("grpo_barerl", ["grpo_barerl.py", "--model", "{model}"], 180, None),
-             ("bench_lora", ["bench_lora.py", "--model", "{model}"], 180, None)],
-    "lora_8b": [("bench_lora_8b", ["bench_lora.py", "--workload", "lora-8b", "--steps", "2"], 480, None)],
+             ("grpo_barerl_lora", ["grpo_barerl.py", "--model", "{model}", "--lora-r", "16"], 180, None)],
+    # LoRA GRPO on the Qwen3-8B shape with R2's sizes: 8 x 8 completions of 4,096 tokens, micro-batches of 4
+    "lora_8b": [("grpo_barerl_lora_8b", ["grpo_barerl.py", "--workload", "R2", "--shape", "qwen3-8b", "--lora-r",
+                                        "16", "--steps", "2"], 480, None)],
+    # the larger workloads: one timed run each (G3 --timed 1, T2 --repeats 2, a GRPO step measured after one
+    # warm-up step), so that a stage fits one 10-minute command with the folder's making
+    "g3": [MAKE_4B, ("generate_barerl_g3", ["generate_barerl.py", "--workload", "G3", "--model", "{model}-qwen3-4b",
+                                           "--timed", "1"], 300, None)],
+    "g3_vllm": [MAKE_4B, ("generate_vllm_g3", ["generate_vllm.py", "--workload", "G3", "--model", "{model}-qwen3-4b",
+                                              "--timed", "1"], 420, None)],
+    "t2": [("train_barerl_t2", ["train_barerl.py", "--workload", "T2", "--keep", "attention", "--repeats", "2"], 300,
+            None)],
+    "t2_torch": [("train_torch_t2", ["train_torch.py", "--workload", "T2", "--rows", "full+liger", "--repeats", "2"],
+                  420, ["--rows", "full+liger:bf16"])],  # bf16 weights if Liger refuses autocast's mix
+    "r2": [MAKE_4B, ("grpo_barerl_r2", ["grpo_barerl.py", "--workload", "R2", "--model", "{model}-qwen3-4b",
+                                       "--steps", "2"], 360, None)],
+    "r2_trl_vllm": [MAKE_4B, ("grpo_trl_vllm_r2", ["grpo_trl.py", "--workload", "R2", "--model", "{model}-qwen3-4b",
+                                                  "--steps", "2"], 480, None)],
+    "r3": [MAKE_8B, ("grpo_barerl_r3", ["grpo_barerl.py", "--workload", "R3", "--model", "{model}-qwen3-8b",
+                                       "--steps", "2"], 360, None)],
+    "r3_trl_vllm": [MAKE_8B, ("grpo_trl_vllm_r3", ["grpo_trl.py", "--workload", "R3", "--model", "{model}-qwen3-8b",
+                                                  "--steps", "2"], 420, None)],
+    "l1": [MAKE_17B, ("grpo_barerl_l1", ["grpo_barerl.py", "--workload", "L1", "--model", "{model}-qwen3-1.7b",
+                                        "--steps", "2"], 480, None)],
+    "l1_trl_vllm": [MAKE_17B, ("grpo_trl_vllm_l1", ["grpo_trl.py", "--workload", "L1", "--model",
+                                                   "{model}-qwen3-1.7b", "--steps", "1"], 480, None)],
 }
-METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "T1": ("step_s", False), "R1": ("step_s", False),
-          "lora-8b": ("step_s", False)}
+METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "G3": ("new_tok_s", True),
+          **{name: ("step_s", False) for name in ("T1", "T2", "R1", "R2", "R3", "L1")}}
 GENERATION_PAIRS = [("barerl", "vllm"), ("barerl", "transformers-compiled"), ("barerl", "transformers-default")]
+GRPO_PAIRS = [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl")]
 PAIRS = {  # (barerl record, peer record): settings of the same work; the first present is the principal one
-    "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS,
+    "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS, "G3": GENERATION_PAIRS,
     "T1": [("barerl-keep-none", "torch-full"), ("barerl-keep-attention", "torch-attention"),
            ("barerl-keep-attention", "torch-full-liger-compile"), ("barerl-keep-attention", "torch-full-liger-compile-bf16"),
            ("barerl-keep-attention", "torch-full-bf16")],
-    "R1": [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl")],
+    "T2": [("barerl-keep-attention", "torch-full-liger"), ("barerl-keep-attention", "torch-full-liger-bf16"),
+           ("barerl-keep-none", "torch-full"), ("barerl-keep-attention", "torch-attention")],
+    "R1": GRPO_PAIRS, "R2": GRPO_PAIRS, "R3": GRPO_PAIRS, "L1": GRPO_PAIRS,
 }
+WORKLOAD_LINE = re.compile(r"([GTRL]\d(-\S+)? |vLLM )")  # the scripts' figures in a log
 HISTORY_FIELDS = ["date", "commit", "run", "metric", "barerl", "barerl_setting", "peer", "peer_value", "ratio"]
 
 
@@ -109,7 +143,7 @@ def run_step(name: str, args: list[str], timeout: float, out: Path, deadline: fl
     with open(out / "commands.txt", "a") as f:
         f.write(f"{command}\t# rc={rc} {seconds:.0f} s\n")
     lines = (out / f"{name}.log").read_text(errors="replace").splitlines()
-    shown = [line for line in lines if line.startswith(("G1 ", "G2 ", "T1 ", "R1 ", "vLLM ", "LoRA "))] or lines[-8:]
+    shown = [line for line in lines if WORKLOAD_LINE.match(line)] or lines[-8:]
     print("\n".join(line[:300] for line in shown[-12:]), flush=True)
     print(f"--- {name}: rc={rc}, {seconds:.0f} s", flush=True)
     return rc
@@ -144,16 +178,30 @@ def record(source: Path, commit: str, day: str | None, results: Path) -> None:
         print(f"recorded {workload}: {folder}")
 
 
+def base(workload: str) -> str:
+    """The workload whose metric and pairs a record's workload takes (G1 for G1-qwen3-4b: G1's sizes on 4B)."""
+    return workload.split("-", 1)[0]
+
+
+def figure(record: dict | None, key: str):
+    """A record's figure, or its status where the run did not fit or start (None without a record)."""
+    if record is None:
+        return None
+    return record["metrics"].get(key, record["metrics"].get("status"))
+
+
 def pairs_of(workload: str, records: list[dict]) -> list[tuple[dict, dict | None]]:
     """(barerl, peer) record pairs present in one run, in PAIRS' order; barerl alone if no peer ran."""
     by_name = {r["name"]: r for r in records}
-    found = [(by_name[a], by_name[b]) for a, b in PAIRS.get(workload, []) if a in by_name and b in by_name]
+    found = [(by_name[a], by_name[b]) for a, b in PAIRS.get(base(workload), []) if a in by_name and b in by_name]
     return found or [(r, None) for r in records if r["name"].startswith("barerl")][:1]
 
 
-def ratio(workload: str, ours: float, peer: float | None) -> float | None:
-    higher_is_better = METRIC[workload][1]
-    return None if not peer else ours / peer if higher_is_better else peer / ours
+def ratio(workload: str, ours, peer) -> float | None:
+    """barerl's speed-up over the peer (None where either has no figure)."""
+    if not all(isinstance(v, (int, float)) and v for v in (ours, peer)):
+        return None
+    return ours / peer if METRIC[base(workload)][1] else peer / ours
 
 
 def append_history(workload: str, folder: Path) -> None:
@@ -161,14 +209,14 @@ def append_history(workload: str, folder: Path) -> None:
     if not pairs:
         return
     ours, peer = pairs[0]
-    key = METRIC[workload][0]
+    key = METRIC[base(workload)][0]
     path = folder.parent / "history.csv"
     rows = [r for r in read_history(path) if r["run"] != folder.name]  # a run filed again moves to the end
     commit = folder.name.split("-", 3)[-1]
     rows.append({"date": ours["date"], "commit": commit, "run": folder.name, "metric": key,
-                 "barerl": ours["metrics"][key], "barerl_setting": ours.get("label", ours["name"]),
-                 "peer": peer and peer["system"], "peer_value": peer and peer["metrics"][key],
-                 "ratio": ratio(workload, ours["metrics"][key], peer and peer["metrics"][key])})
+                 "barerl": figure(ours, key), "barerl_setting": ours.get("label", ours["name"]),
+                 "peer": peer and peer["system"], "peer_value": figure(peer, key),
+                 "ratio": ratio(workload, figure(ours, key), figure(peer, key))})
     with open(path, "w", newline="") as f:  # in the order the runs were filed: the last is the latest
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
         writer.writeheader()
@@ -187,25 +235,43 @@ def runs_newest_first(results: Path, workload: str) -> list[Path]:
     return [results / workload / r["run"] for r in reversed(read_history(results / workload / "history.csv"))]
 
 
+def recorded_workloads(results: Path) -> list[str]:
+    """Workloads with recorded runs: PAIRS' order, then those run on other shapes."""
+    found = {p.parent.name for p in results.glob("*/history.csv") if base(p.parent.name) in PAIRS}
+    return [w for w in PAIRS if w in found] + sorted(found - set(PAIRS))
+
+
 def table_rows(results: Path) -> list[dict]:
-    """Per workload and pair of PAIRS: the newest run that holds both records (barerl and that peer)."""
+    """Per workload and pair of PAIRS: the newest run that holds both records (barerl and that peer); a workload
+    with no such pair: its newest barerl record alone."""
     rows = []
-    for workload, pairs in PAIRS.items():
-        key, runs = METRIC[workload][0], [(f, load_records(f)) for f in runs_newest_first(results, workload)]
-        for pair in pairs:
-            found = next(((f, rs) for f, rs in runs if pair in [(a["name"], b["name"]) for a, b in pairs_of(workload, rs)
-                                                                if b]), None)
-            if found is None:
-                continue
-            folder, records = found
-            ours, peer = (next(r for r in records if r["name"] == name) for name in pair)
-            rows.append({"workload": workload, "run": folder.name, "barerl": ours["metrics"][key],
-                         "barerl_setting": ours.get("label", ours["name"]), "peer": peer["system"],
-                         "peer_setting": peer.get("label", peer["name"]), "peer_value": peer["metrics"][key],
-                         "peer_name": peer["name"],
-                         "ratio": ratio(workload, ours["metrics"][key], peer["metrics"][key]),
-                         "barerl_gib": peak(ours), "peer_gib": peak(peer)})
+    for workload in recorded_workloads(results):
+        runs = [(f, load_records(f)) for f in runs_newest_first(results, workload)]
+        found = []
+        for pair in PAIRS[base(workload)]:
+            run = next(((f, rs) for f, rs in runs if pair in [(a["name"], b["name"]) for a, b in pairs_of(workload, rs)
+                                                              if b]), None)
+            if run is not None:
+                found.append((run[0], *(next(r for r in run[1] if r["name"] == name) for name in pair)))
+        alone = next(((f, *pairs_of(workload, rs)[0]) for f, rs in runs if pairs_of(workload, rs)), None)
+        rows += [table_row(workload, *row) for row in found or ([alone] if alone else [])]
     return rows
+
+
+def table_row(workload: str, folder: Path, ours: dict, peer: dict | None) -> dict:
+    key = METRIC[base(workload)][0]
+    return {"workload": workload, "run": folder.name, "barerl": figure(ours, key),
+            "barerl_setting": ours.get("label", ours["name"]), "of_floor": of_floor(ours),
+            "peer": peer and peer["system"], "peer_setting": peer and peer.get("label", peer["name"]),
+            "peer_value": figure(peer, key), "peer_name": peer and peer["name"],
+            "ratio": ratio(workload, figure(ours, key), figure(peer, key)), "barerl_gib": peak(ours),
+            "peer_gib": peer and peak(peer)}
+
+
+def of_floor(record: dict) -> float | None:
+    """The fraction of its floor a run reached: generation's HBM floor, training's MFU, a GRPO step's floor."""
+    m = record["metrics"]
+    return next((m[k] for k in ("of_hbm_bound", "mfu_measured", "of_floor") if m.get(k)), None)
 
 
 def peak(record: dict) -> float | None:
@@ -214,10 +280,13 @@ def peak(record: dict) -> float | None:
     return next((m[k] for k in keys if m.get(k)), None)
 
 
-def fmt(value, digits: int = 2) -> str:
+def fmt(value, digits: int = 2, unit: str = "") -> str:
+    """A figure in the table; a status (a run that did not fit) as it is; "-" for none."""
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}f}"
+    if isinstance(value, str):
+        return value
+    return (f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}f}") + (f" {unit}" if unit else "")
 
 
 def report(results: Path) -> None:
@@ -225,15 +294,17 @@ def report(results: Path) -> None:
     if not rows:
         raise SystemExit(f"report: no recorded runs under {results}")
     units = {"new_tok_s": "new tok/s", "step_s": "s"}
-    header = ["workload", "barerl (setting)", "peer (setting)", "barerl", "peer", "barerl speed-up",
+    header = ["workload", "barerl (setting)", "peer (setting)", "barerl", "of its floor", "peer", "barerl speed-up",
               "peak GiB barerl / peer", "run"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        unit = units[METRIC[r["workload"]][0]]
+        unit = units[METRIC[base(r["workload"])][0]]
         speedup = f"**{r['ratio']:.2f}x**" if r["ratio"] else "-"
-        lines.append(f"| {r['workload']} | {r['barerl_setting']} | {r['peer']}, {r['peer_setting']} | "
-                     f"{fmt(r['barerl'])} {unit} | {fmt(r['peer_value'])} {unit} | {speedup} | "
-                     f"{fmt(r['barerl_gib'], 1)} / {fmt(r['peer_gib'], 1)} | {r['run']} |")
+        peer = f"{r['peer']}, {r['peer_setting']}" if r["peer"] else "-"
+        floor = f"{r['of_floor']:.0%}" if r["of_floor"] else "-"
+        lines.append(f"| {r['workload']} | {r['barerl_setting']} | {peer} | {fmt(r['barerl'], unit=unit)} | {floor} | "
+                     f"{fmt(r['peer_value'], unit=unit)} | {speedup} | {fmt(r['barerl_gib'], 1)} / "
+                     f"{fmt(r['peer_gib'], 1)} | {r['run']} |")
     (results / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     chart(rows, results / "summary.png")

@@ -1,5 +1,6 @@
-"""Workload T1 (one optimizer step) on torch + transformers, at equal work with train_barerl.py: the same
-model shape, 64 sequences of 1,152 tokens in micro-batches of 16, the same loss, one AdamW step.
+"""Workloads T1 and T2 (one optimizer step) on torch + transformers, at equal work with train_barerl.py: the
+same model shape, sequences, micro-batches and loss (T2's on the last 4,096 tokens of each sequence: the others
+labelled -100), one AdamW step (`--workload`, `--shape`: shapes.py).
 
 A row is `RECOMPUTE[+liger][+compile][:bf16]`:
 - RECOMPUTE: `full` (transformers' gradient checkpointing: each layer recomputed in backward, the work of
@@ -11,10 +12,11 @@ A row is `RECOMPUTE[+liger][+compile][:bf16]`:
 - optimizer state: fp32 by default, barerl's semantics (fp32 weights = master, fp32 gradients and moments,
   bf16 autocast for the compute); `:bf16` trains bf16 weights with bf16 gradients and moments (the lighter
   setting TRL uses with bf16 weights). AdamW fused, weight decay 0, gradients clipped at norm 1.
-Step time is the median of 3 steps after a warm-up (compilation happens there); MFU as in train_barerl.py,
-over the matrix rate measured in this process (through torch) and over the 989 TFLOP/s spec.
+Step time is the median of 3 steps after a warm-up (compilation happens there); MFU and the floor as in
+train_barerl.py, over the matrix rate measured in this process (through torch) and over the 989 TFLOP/s spec.
 
-    python bench/train_torch.py [--rows full attention] [--quick] [--out DIR]
+    python bench/train_torch.py [--workload T1|T2] [--shape SHAPE] [--rows full attention] [--repeats 3]
+        [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ import functools
 import time
 
 import numpy as np
-from common import (
-    SPEC_BF16_TFLOPS,
-    DeviceMemory,
-    ceilings,
+from common import DeviceMemory, ceilings, print_training_floor, write_record
+from shapes import (
+    SHAPES,
+    TRAINING,
+    Training,
     hf_config_kwargs,
-    model_shape,
+    model_config,
+    shape_dict,
     training_flops,
-    write_record,
+    training_utilisation,
+    workload,
 )
 
-SEQS, SEQLEN, MICRO = 64, 1152, 16
-QUICK = (4, 64, 2)  # sequences, length, micro-batch of the CPU smoke test
 SDPA_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
 
@@ -87,15 +90,17 @@ def make_model(shape: dict, row: dict, cuda: bool):
     return model
 
 
-def step_seconds(shape: dict, row: dict, quick: bool, repeats: int) -> dict:
+def step_seconds(shape: dict, t: Training, row: dict, quick: bool, repeats: int) -> dict:
     import torch
 
     cuda = torch.cuda.is_available() and not quick
-    seqs, seqlen, micro = QUICK if quick else (SEQS, SEQLEN, MICRO)
+    seqs, seqlen, micro = t.sequences, t.seqlen, t.micro_batch
     model = make_model(shape, row, cuda)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=cuda)
     ids = torch.randint(0, shape["vocab_size"], (seqs, seqlen), generator=torch.Generator().manual_seed(1))
     ids = ids.to(model.device)
+    labels = ids.clone()
+    labels[:, : seqlen - (t.loss_tokens or seqlen)] = -100  # no loss before the last loss_tokens
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and row["state"] == "fp32")
 
     def step() -> float:
@@ -104,9 +109,8 @@ def step_seconds(shape: dict, row: dict, quick: bool, repeats: int) -> dict:
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         for i in range(0, seqs, micro):
-            chunk = ids[i : i + micro]
             with autocast:
-                loss = model(input_ids=chunk, labels=chunk).loss
+                loss = model(input_ids=ids[i : i + micro], labels=labels[i : i + micro]).loss
             (loss * micro / seqs).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -126,6 +130,9 @@ def step_seconds(shape: dict, row: dict, quick: bool, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="T1", choices=list(TRAINING))
+    parser.add_argument("--shape", default=None, choices=list(SHAPES),
+                        help="run the workload's sizes on this model shape (default: its own)")
     parser.add_argument("--rows", nargs="+", default=["full", "attention"], metavar="ROW",
                         help="RECOMPUTE[+liger][+compile][:bf16], one row each (see the module docstring)")
     parser.add_argument("--quick", action="store_true", help="a tiny model and batch on the CPU (a smoke test)")
@@ -133,6 +140,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the JSON records")
     args = parser.parse_args()
     rows = [parse_row(spec) for spec in args.rows]
+    key, t = workload(TRAINING, args.workload, args.shape, args.quick)
     if any(r["liger"] for r in rows[:-1]):
         raise SystemExit("train_torch: a +liger row patches transformers' classes: give it last")
 
@@ -140,31 +148,31 @@ def main() -> None:
     import torch
     import transformers
 
-    shape = model_shape(args.quick)
+    shape, cfg = shape_dict(t.shape, args.quick), model_config(t.shape, args.quick)
     rates = {} if args.quick else ceilings("torch")
     for spec, row in zip(args.rows, rows):
         if args.quick and (row["liger"] or row["compile"]):
-            print(f"T1 torch {spec}: skipped with --quick (Liger and compilation want a GPU)")
+            print(f"{key} torch {spec}: skipped with --quick (Liger and compilation want a GPU)")
             continue
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the last row's cached blocks are not this row's
         memory.reset_peak()
-        r = step_seconds(shape, row, args.quick, 1 if args.quick else args.repeats)
-        flops = training_flops(shape, r["num_params"], *((QUICK if args.quick else (SEQS, SEQLEN, MICRO))[:2]))
-        tflops = flops / r["step_s"] / 1e12
-        metrics = {**r, "tokens_per_s": r["tokens"] / r["step_s"], "tflops": tflops, "useful_flop": flops,
-                   "mfu_measured": tflops / rates["matmul_tflops"] if rates else None,
-                   "mfu_spec": tflops / SPEC_BF16_TFLOPS, **rates, "peak_gib": memory.peak_gib()}
+        r = step_seconds(shape, t, row, args.quick, 1 if args.quick else args.repeats)
+        u = training_utilisation(training_flops(cfg, t), r["step_s"], rates)
+        metrics = {**r, "tokens_per_s": r["tokens"] / r["step_s"], **u, **rates, "peak_gib": memory.peak_gib()}
         state = ("fp32 weights (master), gradients and moments, bf16 autocast" if row["state"] == "fp32"
                  else "bf16 weights, gradients and moments")
-        settings = {**row, "micro_batch": MICRO, "optimizer": f"AdamW (fused), {state}, weight decay 0, clip 1.0",
+        settings = {**row, "micro_batch": t.micro_batch, "optimizer": f"AdamW (fused), {state}, weight decay 0, clip 1.0",
                     "attn_implementation": "sdpa"}
-        print(f"T1 torch {spec}: {r['step_s']:.3f} s, {tflops:.0f} TFLOP/s"
-              + (f", MFU {metrics['mfu_measured']:.1%} of measured" if rates else ""), flush=True)
+        if t.loss_tokens:
+            settings["loss_tokens"] = t.loss_tokens
+        print(f"{key} torch {spec}: {r['step_s']:.3f} s, {u['tflops']:.0f} TFLOP/s"
+              + (f", MFU {u['mfu_measured']:.1%} of measured" if rates else ""), flush=True)
+        print_training_floor(key, t, metrics, f"torch {spec}")
         label = {"full": "recomputes all", "attention": "keeps attention", "none": "no recomputation"}[row["recompute"]]
         label += (", Liger" if row["liger"] else "") + (", compiled" if row["compile"] else "") + (
             ", bf16 weights and moments" if row["state"] == "bf16" else "")
-        write_record(args.out, "torch-" + spec.replace("+", "-").replace(":", "-"), "T1",
+        write_record(args.out, "torch-" + spec.replace("+", "-").replace(":", "-"), key,
                      f"torch {torch.__version__} + transformers {transformers.__version__}", label, settings,
                      metrics, ("torch", "transformers", "liger-kernel"))
     memory.stop()

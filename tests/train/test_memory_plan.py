@@ -27,13 +27,13 @@ H200_ROOM = 139 * GIB  # what `nvidia-h200` machines give a run (143,771 MiB les
 
 
 def t1(**changes) -> SFTConfig:
-    """T1: micro-batches of 16 sequences x 1,152 tokens, recomputation (bench/bench_train_step.py)."""
+    """T1: micro-batches of 16 sequences x 1,152 tokens, recomputation (bench/train_barerl.py --workload T1)."""
     return SFTConfig(per_device_train_batch_size=16, max_length=1152, max_tokens_per_microbatch=16 * 1152,
                      **{"gradient_checkpointing": True, **changes})
 
 
 def r1(**changes) -> GRPOConfig:
-    """R1: 8 prompts x 8 samples, 128 + 1,024 tokens, micro-batches of 16 (bench/bench_grpo_step.py)."""
+    """R1: 8 prompts x 8 samples, 128 + 1,024 tokens, micro-batches of 16 (bench/grpo_barerl.py --workload R1)."""
     return GRPOConfig(num_generations=8, per_device_train_batch_size=16, gradient_accumulation_steps=4,
                       max_prompt_length=128, max_completion_length=1024, max_tokens_per_microbatch=16 * 1152,
                       **{"gradient_checkpointing": True, **changes})
@@ -84,10 +84,10 @@ def test_r1_by_hand_resident_and_offloaded():
     assert offloaded.phase("checkpoint").nbytes == 2 * P + 12 * P + 2 * P
 
 
-# High-water marks on the H200, 2026-12-01, bench/RESULTS.md (session 14 calls 1-5 at 228f38b / 3418ccb):
-# `bench_train_step.py` (CuPy's reserved pool) and `bench_grpo_step.py --batch-invariant off
+# High-water marks on the H200, 2026-12-01 at 1ae8b82, 5065b97, 228f38b and 3418ccb (bench/RESULTS.md as of
+# d5f8196): `bench_train_step.py` (CuPy's reserved pool) and `bench_grpo_step.py --batch-invariant off
 # --num-scheduler-steps 16` (memory/generate_gib and memory/train_gib: the pool plus the engine's KV cache and
-# graph pool), GiB.
+# graph pool), GiB; those scripts are now bench/train_barerl.py and bench/grpo_barerl.py.
 MEASURED = [
     ("T1, keep attention", t1(), {"train": 14.7}),
     ("T1, keep attention,linear", t1(gradient_checkpointing_keep=("attention", "linear")), {"train": 25.1}),

@@ -53,8 +53,8 @@ GIB = 2**30
 DEFAULT_BLOCK_SIZE = 16  # the engine's (EngineConfig.block_size)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # the engine's prefill step budget (engine/llm.py)
 # Host <-> GPU copy rate each way with both directions busy, for the offloaded optimizer's estimate: R1's train
-# phase fully offloaded and at ratio 0.55 differ by 2.4-2.7 GB each way and 0.07 s (bench/RESULTS.md,
-# 2026-12-01, sessions 14 calls 1 and 3), 34-39 GB/s. bench_grpo_step.py measures the link in its run.
+# phase fully offloaded and at ratio 0.55 differ by 2.4-2.7 GB each way and 0.07 s (2026-12-01 at 1ae8b82 and
+# 5065b97, bench/RESULTS.md as of d5f8196), 34-39 GB/s. bench/grpo_barerl.py measures the link in its run.
 LINK_BYTES_PER_SECOND = 36e9
 
 
