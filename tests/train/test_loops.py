@@ -11,58 +11,25 @@ import time
 
 import numpy as np
 import pytest
+from train_helpers import (
+    PROMPTS,
+    SFT_ROWS,
+    cli,
+    grpo_config,
+    metrics,
+    read_jsonl,
+    run_grpo,
+    starts_with_seven,
+    tiny_model,
+    write_model_folder,
+)
 
 from barerl.config import ModelConfig
-from barerl.model.checkpoint import save_checkpoint
 from barerl.model.model import Model
 from barerl.train.config import GRPOConfig, SFTConfig
 from barerl.train.demo import make_tokenizer
 from barerl.train.grpo import train_grpo
 from barerl.train.sft import train_sft
-
-
-def tiny_model(seed=0) -> Model:
-    cfg = ModelConfig.from_dict({
-        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-        "tie_word_embeddings": True, "max_position_embeddings": 64, "eos_token_id": 2, "bos_token_id": 1,
-    })
-    return Model.random(cfg, seed=seed)
-
-
-PROMPTS = [{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)]
-SFT_ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]
-
-
-def starts_with_seven(prompts, completions, **_):
-    """Known optimum: always answer 7 first."""
-    return [float(c.startswith("7")) for c in completions]
-
-
-def grpo_config(tmp_path, **kw) -> GRPOConfig:
-    base = {"output_dir": str(tmp_path), "max_steps": 4, "learning_rate": 3e-2, "num_generations": 8,
-            "per_device_train_batch_size": 32, "max_completion_length": 3, "max_prompt_length": 8,
-            "lr_scheduler_type": "constant", "save_steps": 0, "seed": 3, "log_completions_steps": 0}
-    return GRPOConfig(**{**base, **kw})
-
-
-def run_grpo(cfg, model=None):
-    return train_grpo(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
-                      reward_funcs=[starts_with_seven], show_progress=False,
-                      engine_args={"num_kv_blocks": 64})
-
-
-def read_jsonl(path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def metrics(output_dir) -> list[dict]:
-    rows = read_jsonl(os.path.join(output_dir, "metrics.jsonl"))
-    for r in rows:
-        for key in [k for k in r if k.startswith("time") or "per_second" in k]:
-            del r[key]
-    return rows
 
 
 def test_grpo_raises_reward_where_the_optimum_is_known(tmp_path):
@@ -312,17 +279,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, loop):
 
 @pytest.fixture
 def model_folder(tmp_path):
-    model = tiny_model()
-    folder = tmp_path / "model"
-    save_checkpoint(folder, model.cfg, model.params, tokenizer=make_tokenizer())
-    data = tmp_path / "sft.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
-    return folder, data
-
-
-def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, check=False, **kw)
+    return write_model_folder(tmp_path)
 
 
 def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):

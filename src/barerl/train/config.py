@@ -50,6 +50,8 @@ class TrainConfig:
     eval_split: float = opt(0.0, "Fraction of `dataset` held out for evaluation when `eval_dataset` is not "
                             "given (0: no held-out split).", min=0.0, max=0.5)
     output_dir: str = opt("outputs", "Folder for checkpoints, metrics.jsonl, samples.jsonl and plots.")
+    overwrite_output_dir: bool = opt(False, "Start a new run in an output_dir that holds another one, deleting "
+                                     "what that run wrote (without it, a folder in use is refused unless resuming).")
     run_name: str | None = opt(None, "Name of the run in TensorBoard / W&B (default: the output folder's name).")
     seed: int = opt(42, "Seed for data order, initialisation and sampling: same seed and config, same run.")
     device: str = opt("auto", "Where to run: auto (cuda if available), cpu or cuda.",

@@ -123,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
     engine = {"num_kv_blocks": 512, "max_num_seqs": 256}
 
     print(f"[1/3] SFT from scratch, {sft_steps} steps")
-    sft = SFTConfig(output_dir=str(out / "sft"), max_steps=sft_steps, learning_rate=size.sft_learning_rate, warmup_steps=20,
+    # each demo run replaces the previous one's results (overwrite_output_dir)
+    sft = SFTConfig(output_dir=str(out / "sft"), overwrite_output_dir=True, max_steps=sft_steps,
+                    learning_rate=size.sft_learning_rate, warmup_steps=20,
                     lr_scheduler_type="constant", per_device_train_batch_size=size.sft_batch, packing=False,
                     save_steps=0, seed=args.seed, report_to=("jsonl",), weight_decay=0.0)
     train_sft(sft, model=model, tokenizer=tokenizer, rows=addition_problems(20000, seed=args.seed))
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"      held-out accuracy after SFT: {before:.1%}")
 
     print(f"[2/3] GRPO, {grpo_steps} steps x {size.prompts_per_step} prompts x 8 samples")
-    grpo = GRPOConfig(output_dir=str(out / "grpo"), max_steps=grpo_steps, learning_rate=args.grpo_learning_rate or size.grpo_learning_rate,
+    grpo = GRPOConfig(output_dir=str(out / "grpo"), overwrite_output_dir=True, max_steps=grpo_steps,
+                      learning_rate=args.grpo_learning_rate or size.grpo_learning_rate,
                       per_device_train_batch_size=size.prompts_per_step * 8, num_generations=8,
                       max_completion_length=4, max_prompt_length=8, temperature=1.0, beta=0.0,
                       lr_scheduler_type="constant", save_steps=grpo_steps, seed=args.seed, log_completions_steps=10)

@@ -15,8 +15,9 @@ from barerl.model.model import Model
 from barerl.tokenizer import load_tokenizer
 from barerl.train.metrics import MetricsLogger
 from barerl.train.optimizer import AdamW
+from barerl.train.output_dir import prepare_output_dir
 from barerl.train.schedule import make_schedule
-from barerl.train.state import load_training_state, resolve_checkpoint, save_training_state
+from barerl.train.state import load_training_state, save_training_state
 
 
 def resolve_device(device: str) -> str:
@@ -39,6 +40,7 @@ def resolve_auto_dtype(dtype: str, device: str) -> str:
 class TrainingSession:
     def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
         self.cfg = cfg
+        self.resume_from = prepare_output_dir(cfg)  # before the model loads: a refused folder fails fast
         self.device = resolve_device(cfg.device) if model is None else model.device
         if model is None:
             if not cfg.model:
@@ -60,7 +62,7 @@ class TrainingSession:
 
     def resume(self) -> dict:
         """Load the checkpoint named by resume_from_checkpoint (if any); returns its data state."""
-        path = resolve_checkpoint(self.output_dir, self.cfg.resume_from_checkpoint)
+        path = self.resume_from
         if path is None:
             return {}
         from barerl.model.checkpoint import load_checkpoint
