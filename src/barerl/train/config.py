@@ -144,8 +144,9 @@ class GRPOConfig(TrainConfig):
     reward_weights: tuple[float, ...] | None = opt(None, "Weight of each reward function (None: all 1.0).")
     reward_num_workers: int = opt(0, "Worker processes for the reward functions (0: a thread of the trainer; "
                                   "use workers for rewards that run code or call out).", min=0)
-    reward_timeout: float | None = opt(None, "Seconds a reward call may take before it is stopped and the run "
-                                       "fails naming it (None: no limit).", gt=0.0)
+    reward_timeout: float | None = opt(300.0, "Seconds a reward call (one group of completions) may take, once the "
+                                       "trainer waits for it, before it is stopped and the run fails naming it "
+                                       "(None: no limit, a reward that never returns hangs the run).", gt=0.0)
     scale_rewards: str = opt("group", "Advantage scaling: group (divide by the group's reward std), batch "
                              "(by the batch's std) or none (Dr. GRPO). true/false mean group/none.",
                              choices=("group", "batch", "none", "true", "false"))

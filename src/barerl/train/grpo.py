@@ -36,6 +36,7 @@ from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
 from barerl.train.losses import PolicyLoss, logprob_mismatch
+from barerl.train.reward_errors import check_reward_columns
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
 from barerl.train.schedule import resolve_total_steps
@@ -62,6 +63,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
                            cfg.reward_weights)
     if not rewards:
         raise ValueError("reward_funcs: GRPO needs at least one reward function")
+    check_reward_columns(rewards, rows)
     num_prompts = cfg.effective_generation_batch_size // cfg.num_generations
     micro_per_generation = cfg.effective_steps_per_generation
     updates_per_generation = max(1, micro_per_generation // cfg.gradient_accumulation_steps) * cfg.num_iterations
@@ -92,8 +94,9 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
         while run.step < total:
             def sample(round_index: int) -> Rollouts:
-                batch_rows = [rows[i] for i in sampler.take(num_prompts)]
-                return generate_rollouts(llm, tokenizer, batch_rows, cfg, run.step, runner, round_index)
+                indices = sampler.take(num_prompts)
+                return generate_rollouts(llm, tokenizer, [rows[i] for i in indices], cfg, run.step, runner,
+                                         round_index, row_ids=indices)
 
             rollouts = sample(0)
             rollout_metrics = _rollout_metrics(rollouts, cfg)

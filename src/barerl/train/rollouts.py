@@ -75,8 +75,9 @@ def sampling_seed(seed: int, step: int, index: int, round_index: int = 0) -> int
 
 
 def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner,
-                      round_index: int = 0) -> Rollouts:
-    """Sample cfg.num_generations completions for each row's prompt and score them.
+                      round_index: int = 0, row_ids: list[int] | None = None) -> Rollouts:
+    """Sample cfg.num_generations completions for each row's prompt and score them (`row_ids`: the rows'
+    indices in the dataset, which reward errors name).
 
     Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
     in worker processes are computed while the engine is still generating the other groups."""
@@ -93,7 +94,8 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     def score_group(i: int, output) -> None:
         groups[i] = _group(rows[i], prompt_ids[i], output)
         g = groups[i]
-        g["pending"] = runner.submit(g["prompts"], g["completions"], g["columns"])
+        row = i if row_ids is None else row_ids[i]
+        g["pending"] = runner.submit(g["prompts"], g["completions"], g["columns"], [row] * len(g["prompts"]))
 
     llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, on_finished=score_group)
     generated = time.perf_counter()
