@@ -96,7 +96,12 @@ class TrainConfig:
                                      choices=("jsonl", "tensorboard", "wandb", "none"))
     eval_steps: int | None = opt(None, "Evaluate every N steps (None: at the end only).", min=1)
     save_steps: int = opt(500, "Write a checkpoint every N steps (0: only at the end).", min=0)
-    save_total_limit: int | None = opt(None, "Keep at most this many checkpoints, deleting the oldest.", min=1)
+    save_total_limit: int | None = opt(2, "Keep at most this many checkpoints, deleting the oldest (None: keep "
+                                       "all; a checkpoint holds the weights and 12 bytes per parameter of "
+                                       "optimizer state).", min=1)
+    save_only_model: bool = opt(False, "Checkpoints hold the model alone, without the optimizer state (a quarter "
+                                "of the size with fp32 weights): they load as models but cannot be resumed; the "
+                                "one a stop signal leaves is always whole.")
     resume_from_checkpoint: str | None = opt(None, "Checkpoint folder to resume from, or 'latest' for the "
                                              "newest complete checkpoint in output_dir.")
 

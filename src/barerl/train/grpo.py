@@ -35,6 +35,7 @@ from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
+from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import PolicyLoss, logprob_mismatch
 from barerl.train.reward_errors import check_reward_columns
 from barerl.train.rewards import RewardRunner, load_rewards
@@ -52,6 +53,7 @@ class GRPOResult:
     summary: str = ""
 
 
+@stops_on_signals
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
                reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
@@ -93,10 +95,13 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     step_rewards, checkpoint = [], None
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner:
         while run.step < total:
-            def sample(round_index: int) -> Rollouts:
+            resume_point = {"sampler": sampler.state_dict()}  # where a stop during these rollouts resumes
+
+            def sample(round_index: int, resume_point=resume_point) -> Rollouts:
                 indices = sampler.take(num_prompts)
-                return generate_rollouts(llm, tokenizer, [rows[i] for i in indices], cfg, run.step, runner,
-                                         round_index, row_ids=indices)
+                with run.abandonable(resume_point, release=llm.sleep):
+                    return generate_rollouts(llm, tokenizer, [rows[i] for i in indices], cfg, run.step, runner,
+                                             round_index, row_ids=indices)
 
             rollouts = sample(0)
             rollout_metrics = _rollout_metrics(rollouts, cfg)

@@ -45,6 +45,7 @@ def prepare_output_dir(cfg) -> Path | None:
         _say(f"resume: {output_dir} holds no complete checkpoint yet; starting from step 0")
         return None
     state = load_training_state(checkpoint)
+    state.require_resumable()
     _check_newer_checkpoints(output_dir, checkpoint, state.step, cfg.overwrite_output_dir)
     _compare_configs(state.config, cfg.to_dict(), checkpoint)
     _say(f"resuming from {checkpoint} (step {state.step})")

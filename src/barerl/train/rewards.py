@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from barerl.train.interrupts import ignore_sigint
 from barerl.train.reward_errors import describe_rows, function_names, signature_problem, where_raised
 
 
@@ -409,7 +410,7 @@ class RewardRunner:
     def _executor(self):
         if self._pool is None:
             spawn = multiprocessing.get_context("spawn")
-            self._pool = spawn.Pool(self.num_workers) if self.num_workers > 0 else ThreadPool(1)
+            self._pool = spawn.Pool(self.num_workers, ignore_sigint) if self.num_workers > 0 else ThreadPool(1)
         return self._pool
 
     def submit(self, prompts: list, completions: list, columns: dict | None = None,

@@ -3,16 +3,20 @@ checkpoints and resume.
 
 A `TrainingSession` owns the mutable training state. The loops own only their data flow. Resuming restores
 everything a step depends on (weights, optimizer moments, step count, data position; sampling seeds are
-derived from (seed, step)), so a resumed run takes the same next steps as one never stopped.
+derived from (seed, step)), so a resumed run takes the same next steps as one never stopped. A SIGINT or
+SIGTERM (train/interrupts.py) makes the next `should_save` true and `save` raise `TrainingInterrupted` once
+the checkpoint is written; in an `abandonable` phase the session saves the last finished step at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from pathlib import Path
 
 from barerl.model.model import Model
 from barerl.tokenizer import load_tokenizer
+from barerl.train import interrupts
 from barerl.train.metrics import MetricsLogger
 from barerl.train.optimizer import AdamW
 from barerl.train.output_dir import prepare_output_dir
@@ -59,6 +63,8 @@ class TrainingSession:
         self.resumed_from: Path | None = None
         self._show_progress = show_progress
         self.logger: MetricsLogger | None = None
+        self.stop = interrupts.active()  # None when the loop runs without signal handling
+        self._resumable: tuple[int, Path] | None = None  # (step, path) of the newest resumable checkpoint
 
     def resume(self) -> dict:
         """Load the checkpoint named by resume_from_checkpoint (if any); returns its data state."""
@@ -71,6 +77,7 @@ class TrainingSession:
         self.model.params.flat[...] = params.flat
         state = load_training_state(path, optimizer=self.optimizer)
         self.step, self.resumed_from = state.step, path
+        self._resumable = (state.step, path)
         return state.data
 
     def open_logger(self) -> MetricsLogger:
@@ -78,6 +85,8 @@ class TrainingSession:
             self.output_dir, self.total_steps, report_to=self.cfg.report_to, run_name=self.cfg.run_name,
             config=dataclasses.asdict(self.cfg), start_step=self.step, show_progress=self._show_progress,
         )
+        if self.stop is not None:  # from here on a signal saves a checkpoint
+            self.stop.training = True
         return self.logger
 
     def optimizer_step(self) -> dict:
@@ -87,16 +96,58 @@ class TrainingSession:
         return {"grad_norm": metrics["grad_norm"], "learning_rate": metrics["lr"],
                 "grad_clipped": metrics["clipped"], "step_skipped": metrics["skipped"]}
 
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None and self.stop.received is not None
+
     def should_save(self) -> bool:
         every = self.cfg.save_steps
-        return self.step == self.total_steps or (every > 0 and self.step % every == 0)
+        return self.stop_requested or self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
     def save(self, data_state: dict) -> Path:
-        return save_training_state(
-            self.output_dir, self.step, self.optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
-            data_state, dataclasses.asdict(self.cfg), params=self.model.params, tokenizer=self.tokenizer,
-            save_total_limit=self.cfg.save_total_limit,
+        """Write checkpoint-{step}; after a stop signal, then raise TrainingInterrupted (see interrupts.py)."""
+        if self.stop_requested:
+            raise self._interrupted(self._write(data_state, resumable=True))
+        return self._write(data_state, resumable=not self.cfg.save_only_model)
+
+    def _write(self, data_state: dict, resumable: bool) -> Path:
+        path = save_training_state(
+            self.output_dir, self.step, self.optimizer if resumable else None, self.schedule.state_dict(),
+            {"seed": self.cfg.seed}, data_state, dataclasses.asdict(self.cfg), params=self.model.params,
+            tokenizer=self.tokenizer, save_total_limit=self.cfg.save_total_limit,
         )
+        if resumable:
+            self._resumable = (self.step, path)
+        return path
+
+    @contextmanager
+    def abandonable(self, data_state: dict, release=None):
+        """A phase that a stop signal abandons at once (GRPO's rollouts): the last finished step is saved with
+        `data_state` (the data position after it), once `release()` (e.g. of the engine's KV cache) ran."""
+        if self.stop is None:
+            yield
+            return
+        try:
+            with self.stop.abandonable():
+                yield
+        except interrupts.StepAbandoned:
+            self.stop.training = False  # a second signal stops at once from here
+            if release is not None:
+                release()
+            step, path = self._resumable or (0, None)
+            if step != self.step and self.step > 0:
+                path = self._write(data_state, resumable=True)
+            raise self._interrupted(path) from None
+
+    def _interrupted(self, checkpoint: Path | None) -> interrupts.TrainingInterrupted:
+        self.finish()
+        name, signum = self.stop.signal_name, self.stop.received
+        if checkpoint is None:
+            return interrupts.TrainingInterrupted(f"{name}: stopped before the first step ended; nothing to save",
+                                                  signum, None)
+        return interrupts.TrainingInterrupted(
+            f"{name}: stopped after step {self.step} of {self.total_steps}; saved {checkpoint}\n"
+            f"resume with: {interrupts.resume_hint(checkpoint)}", signum, checkpoint)
 
     def finish(self) -> str:
         """Close the logger, draw the curves; returns the run's summary text."""

@@ -27,6 +27,7 @@ from barerl.train.data import (
     tokenize_dataset,
     train_eval_split,
 )
+from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import sft_loss, sft_token_grad
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
@@ -64,6 +65,7 @@ def evaluation_loss(model, examples: list[Example], max_tokens: int) -> float | 
     return _mean_loss(model, pack(examples, max_tokens)) if examples else None
 
 
+@stops_on_signals
 def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
               show_progress: bool = True) -> SFTResult:
     """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
