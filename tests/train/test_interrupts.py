@@ -10,7 +10,16 @@ import sys
 import time
 
 import pytest
-from train_helpers import cli, grpo_config, metrics, read_jsonl, run_grpo, run_sft, sft_config, write_model_folder
+from train_helpers import (
+    cli,
+    grpo_config,
+    metrics,
+    read_jsonl,
+    run_grpo,
+    run_sft,
+    sft_config,
+    write_model_folder,
+)
 
 from barerl.model.model import Model
 from barerl.train.interrupts import StopSignals, TrainingInterrupted
@@ -102,7 +111,7 @@ def test_sigterm_to_the_cli_saves_and_prints_the_command_that_resumes(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    stopped = [line for line in err.splitlines() if line.startswith("SIGTERM: stopped after step")][0]
+    stopped = next(line for line in err.splitlines() if line.startswith("SIGTERM: stopped after step"))
     step = int(stopped.split()[4])
     assert f"saved {tmp_path / 'cut' / f'checkpoint-{step}'}" in stopped
     command = shlex.split(err.split("resume with: ")[1].splitlines()[0])
