@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from barerl.config import ModelConfig
+from barerl.formats.checksums import verify_model_files
 from barerl.model.weights import ParameterBuffer, parameter_offsets, parameter_shapes
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
@@ -154,8 +155,11 @@ def write_safetensors(path: str, tensors: Iterable[tuple[str, object]], dtype=No
 # Loading
 
 
-def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[ModelConfig, ParameterBuffer]:
-    """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`."""
+def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np,
+                    verify: bool = True) -> tuple[ModelConfig, ParameterBuffer]:
+    """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`. A folder
+    barerl wrote as a training checkpoint has its files checked against their recorded checksums first
+    (`verify=False`: the caller did)."""
     path = resolve_model_path(path)
     if _is_gguf(path):
         from barerl.model.gguf import read_gguf
@@ -165,6 +169,8 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
         # `gguf.tensors` dequantises on access: it stays lazy, so one fp32 tensor exists at a time
         tensors, file_of, weights_file = gguf.tensors, dict.fromkeys(gguf.tensors, path), path
     else:
+        if verify:
+            verify_model_files(path)
         cfg = ModelConfig.from_file(os.path.join(path, "config.json"))
         tensors, file_of, weights_file = _folder_tensors(path)
     _check_names(cfg, tensors, file_of, weights_file)

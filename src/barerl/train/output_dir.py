@@ -10,6 +10,8 @@ Design decisions (what users of transformers' Trainer and TRL expect):
   that makes the resume meaningless is refused (`INCOMPATIBLE`: the weights and moments belong to another
   model, the saved data position indexes another sequence of examples, the groups of GRPO change size);
   every other change is listed, so that it is a decision and not an accident.
+- Before anything is loaded, every file of the checkpoint is checked against the checksums its state
+  recorded; a damaged one is named, with the earlier checkpoints that could be resumed instead.
 - Resuming from a checkpoint older than the folder's newest is refused (unless `overwrite_output_dir`, which
   deletes the newer ones): the newer checkpoints belong to the run being abandoned, and a later
   `--resume` would load them.
@@ -22,6 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from barerl.formats.checksums import ChecksumError, verify_checksums
 from barerl.train.state import TEMP_PREFIX, list_checkpoints, load_training_state, resolve_checkpoint
 
 # Changes that make a resume meaningless: the saved weights and moments belong to another model, the saved
@@ -46,6 +49,7 @@ def prepare_output_dir(cfg) -> Path | None:
         return None
     state = load_training_state(checkpoint)
     state.require_resumable()
+    _verify(checkpoint, state.checksums, output_dir)
     _check_newer_checkpoints(output_dir, checkpoint, state.step, cfg.overwrite_output_dir)
     _compare_configs(state.config, cfg.to_dict(), checkpoint)
     _say(f"resuming from {checkpoint} (step {state.step})")
@@ -77,6 +81,16 @@ def _written_by_a_run(path: Path) -> bool:
     name = path.name
     return name in _RUN_FILES or name.startswith(TEMP_PREFIX) or (
         name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit())
+
+
+def _verify(checkpoint: Path, checksums: dict, output_dir: Path) -> None:
+    try:
+        verify_checksums(checkpoint, checksums)
+    except ChecksumError as e:
+        earlier = [path for _, path in list_checkpoints(output_dir) if path != checkpoint]
+        hint = (f"; an earlier one can be resumed instead: --resume_from_checkpoint {earlier[-1]} "
+                "--overwrite_output_dir true (which deletes the newer ones)") if earlier else ""
+        raise ChecksumError(f"{e}{hint}") from None
 
 
 def _check_newer_checkpoints(output_dir: Path, checkpoint: Path, step: int, overwrite: bool) -> None:

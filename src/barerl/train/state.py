@@ -7,7 +7,10 @@ Layout of `output_dir/checkpoint-{step}/`:
     trainer_state/optimizer.safetensors                    flat fp32 arrays: master, exp_avg, exp_avg_sq
                                                            (absent with save_only_model: not resumable)
     trainer_state/state.json                               step, optimizer scalars, scheduler, RNG and data
-                                                           position, the run's config, extra; written last
+                                                           position, the run's config, extra, and the size
+                                                           and SHA-256 of every other file (checked on
+                                                           resume and on load: formats/checksums.py);
+                                                           written last
 
 Design decisions:
 - Atomic: everything is written into `output_dir/.tmp-checkpoint-{step}-XXXX/`, fsynced, then renamed to
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from barerl.formats.checksums import file_checksums
 from barerl.model.checkpoint import _fsync_tree, read_safetensors, save_checkpoint, write_safetensors
 
 FORMAT_VERSION = 1
@@ -55,6 +59,7 @@ class TrainingState:
     extra: dict = field(default_factory=dict)
     optimizer_step: int = 0
     model_only: bool = False  # saved with save_only_model: no optimizer state
+    checksums: dict = field(default_factory=dict)  # relative path -> {"bytes", "sha256"} of every other file
 
     def require_resumable(self) -> None:
         if self.model_only:
@@ -119,6 +124,7 @@ def _write_trainer_state(folder: Path, step, optimizer, scheduler_state, rng_sta
         "data": data_state,
         "config": config,
         "extra": extra,
+        "checksums": file_checksums(folder.parent),  # everything but this file is written by now
     }
     with open(folder / STATE_FILE, "w", encoding="utf-8") as f:  # last: its presence marks completeness
         json.dump(state, f, indent=2, default=_json_default)
@@ -217,7 +223,8 @@ def load_training_state(checkpoint_dir: str | os.PathLike, optimizer=None) -> Tr
     opt = state["optimizer"]
     loaded = TrainingState(path=checkpoint_dir, step=state["step"], scheduler=state["scheduler"], rng=state["rng"],
                            data=state["data"], config=state["config"], extra=state["extra"],
-                           optimizer_step=(opt or {}).get("step", 0), model_only=opt is None)
+                           optimizer_step=(opt or {}).get("step", 0), model_only=opt is None,
+                           checksums=state.get("checksums") or {})
     if optimizer is not None:
         loaded.require_resumable()
         arrays = read_safetensors(str(checkpoint_dir / STATE_DIR / OPTIMIZER_FILE))
