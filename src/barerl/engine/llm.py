@@ -27,11 +27,13 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from barerl.cpu_threads import blas_threads
 from barerl.engine.block_manager import BlockManager
 from barerl.engine.detokenizer import Detokenizer
 from barerl.engine.model_runner import ModelRunner
@@ -148,7 +150,11 @@ class LLM:
 
     def _size_kv_cache(self) -> tuple[int, int]:
         cfg, bs = self.config, self.config.block_size
-        max_model_len = cfg.max_model_len or self.model.cfg.max_position_embeddings
+        positions = self.model.cfg.max_position_embeddings
+        if cfg.max_model_len is not None and cfg.max_model_len > positions:  # as vLLM: those were never trained
+            raise ValueError(f"LLM: max_model_len={cfg.max_model_len} is more than the model's {positions} positions "
+                             "(max_position_embeddings)")
+        max_model_len = cfg.max_model_len or positions
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         else:
@@ -239,7 +245,7 @@ class LLM:
         index_of = {r.request_id: i for i, r in enumerate(requests)}
         start, num_generated = time.perf_counter(), 0
         outputs: dict[int, RequestOutput] = {}  # by index, each built once (detokenizing is the costly part)
-        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
+        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar, self._threads():
             while self.scheduler.has_unfinished() or self._in_flight is not None:
                 sampled = self._step()
                 num_generated += len(sampled)
@@ -285,9 +291,16 @@ class LLM:
         self._start_call([request])
         num_sent: dict[int, int] = {}
         while not request.finished:
-            if self._step(incremental_text=True):
+            with self._threads():
+                sampled = self._step(incremental_text=True)
+            if sampled:
                 yield self._output(request, num_sent)
         self._drain()
+
+    def _threads(self):
+        """On the CPU, the engine's products (a few rows each, memory-bound) on one BLAS thread: split over
+        every core, each waits for a time slice whenever another thread holds a core (cpu_threads.py)."""
+        return blas_threads(1) if self.model.device == "cpu" else nullcontext()
 
     def _start_call(self, requests: list[Request]) -> None:
         if self.asleep:
@@ -311,6 +324,9 @@ class LLM:
         if following is not None:
             self._in_flight = following, self.runner.continue_steps(following, pending)
         tokens, logprobs = pending.result()
+        if np.isnan(logprobs).any():  # NaN logits, from NaN weights: sampling would go on with token 0
+            raise ValueError("the model's logits are NaN: its weights hold NaN or inf (a damaged checkpoint, or "
+                             "training that diverged); nothing it generates is meaningful")
         sampled = []
         for k, (step, rows) in enumerate(self.scheduler.step_batches(batch)):
             step_tokens, step_logprobs = (tokens, logprobs) if rows is None else (tokens[k, rows], logprobs[k, rows])

@@ -12,6 +12,7 @@ batched with; with n > 1, sample i draws from `derive_seed(seed, i)`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 _MASK64 = (1 << 64) - 1
@@ -46,6 +47,12 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # list(123) would be a TypeError; like every bad value here (and in vLLM), a ValueError
+        if not isinstance(self.stop, (str, list, tuple, type(None))):
+            raise ValueError(f"SamplingParams.stop: must be a string or a list of strings, got {self.stop!r}")  # noqa: TRY004
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            got = self.stop_token_ids
+            raise ValueError(f"SamplingParams.stop_token_ids: must be a list of token ids, got {got!r}")  # noqa: TRY004
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._validate()
@@ -102,4 +109,4 @@ def _is_int(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

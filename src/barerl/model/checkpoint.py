@@ -7,6 +7,7 @@ Design decisions:
   bytes are touched only when it is copied into the flat `ParameterBuffer`: loading never holds a second
   full copy of the model, only one tensor in flight (on CuPy, the host copy of one tensor at a time).
   GGUF tensors come from `barerl.model.gguf.read_gguf`, dequantised one at a time as they are copied.
+- Weights must be finite: a tensor holding NaN or inf is refused as it is copied, naming it.
 - Every header is validated before any data is read (offsets inside the file, sizes matching shapes,
   known dtypes), and so are the tensor names against the config (nothing missing, nothing unexpected);
   each shape is checked as its tensor is copied (a GGUF tensor has its shape only once dequantised).
@@ -181,7 +182,16 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np,
             raise CheckpointError(f"{file_of[name]}: tensor '{name}' has shape {tuple(array.shape)}, but the "
                                   f"config implies {view.shape}")
         _copy_into(view, array)
+        _check_finite(view, name, file_of[name])
     return cfg, params
+
+
+def _check_finite(view, name: str, file: str) -> None:
+    """NaN or inf weights make NaN logits, from which sampling returns token 0 as if nothing were wrong."""
+    if not bool(np.isfinite(view).all()):  # CuPy arrays take NumPy's ufuncs too
+        bad = int((~np.isfinite(view)).sum())
+        raise CheckpointError(f"{file}: tensor '{name}' holds {bad} NaN or infinite values of {view.size}: the "
+                              "checkpoint is damaged, or was saved from a run that diverged")
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:

@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from barerl.device import resolve_auto_dtype, resolve_device
     from barerl.engine.llm import LLM
     from barerl.train.data import load_dataset
     from barerl.train.evaluate import evaluate
     from barerl.train.rewards import load_rewards
-    from barerl.train.session import resolve_auto_dtype, resolve_device
 
     device = resolve_device(args.device)
     rows = load_dataset(args.dataset, task="grpo").rows[: args.limit]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -324,6 +325,8 @@ def _check(f: dataclasses.Field, value: Any) -> None:
         low, high, gt = meta.get("min"), meta.get("max"), meta.get("gt")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
+        if math.isnan(v):  # NaN passes every comparison: no bound would refuse it
+            raise ConfigError(f"{f.name}: must be a number, got nan")
         if (low is not None and v < low) or (high is not None and v > high) or (gt is not None and v <= gt):
             bounds = [f">= {low}"] * (low is not None) + [f"> {gt}"] * (gt is not None)
             bounds += [f"<= {high}"] * (high is not None)
@@ -350,7 +353,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        parse, errors = yaml.safe_load, yaml.YAMLError
+        from barerl.train.config_yaml import load_yaml
+
+        parse, errors = load_yaml, yaml.YAMLError
     elif path.suffix == ".toml":
         toml = _toml()
         parse, errors = toml.loads, toml.TOMLDecodeError

@@ -101,11 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from barerl.device import resolve_device
     from barerl.engine.llm import LLM
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig, SFTConfig
     from barerl.train.grpo import train_grpo
-    from barerl.train.session import resolve_device
     from barerl.train.sft import train_sft
 
     device = resolve_device(args.device)

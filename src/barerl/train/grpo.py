@@ -37,6 +37,7 @@ from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
 from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import PolicyLoss, logprob_mismatch
+from barerl.train.preflight import check_positions, require_inputs
 from barerl.train.reward_errors import check_reward_columns
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, generate_rollouts, train_batches
@@ -59,6 +60,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
     from barerl.engine.llm import LLM, EngineConfig, kv_blocks_in_budget
 
+    require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
     rewards = load_rewards(reward_funcs if reward_funcs is not None else list(cfg.reward_funcs),
@@ -77,11 +79,13 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     if data_state:
         sampler.load_state_dict(data_state["sampler"])
     model = run.model
+    positions = model.cfg.max_position_embeddings
+    check_positions(cfg, positions)
     ref_model = _frozen_copy(model) if cfg.beta > 0 else None
     # The engine never runs more sequences at once than one generation round has completions: a KV cache
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": cfg.effective_generation_batch_size,
-              "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
+              "max_model_len": min((cfg.max_prompt_length or positions) + cfg.max_completion_length, positions),
               "batch_invariant": cfg.batch_invariant, "device": model.device, "dtype": model.dtype.name,
               "seed": cfg.seed, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step

@@ -15,6 +15,7 @@ import numpy as np
 from barerl.engine.sampling_params import SamplingParams
 from barerl.train.data import Example, PackedBatch, encode_prompt, is_conversational
 from barerl.train.losses import group_advantages, zero_std_groups
+from barerl.train.preflight import check_prompt_fits
 from barerl.train.rewards import RewardRunner, RewardScores
 
 
@@ -83,6 +84,9 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     in worker processes are computed while the engine is still generating the other groups."""
     start = time.perf_counter()
     prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
+    if cfg.max_prompt_length is None:  # else check_positions covered every prompt
+        for i, ids in enumerate(prompt_ids):
+            check_prompt_fits(len(ids), i if row_ids is None else row_ids[i], cfg, llm.model.cfg.max_position_embeddings)
     params = [
         SamplingParams(n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                        min_p=cfg.min_p or 0.0, max_tokens=cfg.max_completion_length, logprobs=True,

@@ -14,6 +14,7 @@ import dataclasses
 from contextlib import contextmanager
 from pathlib import Path
 
+from barerl.device import resolve_auto_dtype, resolve_device
 from barerl.model.model import Model
 from barerl.tokenizer import load_tokenizer
 from barerl.train import interrupts
@@ -22,23 +23,6 @@ from barerl.train.optimizer import AdamW
 from barerl.train.output_dir import prepare_output_dir
 from barerl.train.schedule import make_schedule
 from barerl.train.state import load_training_state, save_training_state
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    try:
-        import cupy
-
-        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
-    except Exception:  # noqa: BLE001 -- no cupy, no driver or no GPU all mean: run on the CPU
-        return "cpu"
-
-
-def resolve_auto_dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device == "cuda" else "float32"
 
 
 class TrainingSession:

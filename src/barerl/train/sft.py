@@ -29,6 +29,7 @@ from barerl.train.data import (
 )
 from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import sft_loss, sft_token_grad
+from barerl.train.preflight import require_inputs
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -69,6 +70,7 @@ def evaluation_loss(model, examples: list[Example], max_tokens: int) -> float | 
 def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
               show_progress: bool = True) -> SFTResult:
     """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
+    require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     dataset = load_dataset(cfg.dataset, task="sft", text_field=cfg.dataset_text_field) if rows is None else None
     fmt = dataset.format if dataset is not None else _format_of(rows)
