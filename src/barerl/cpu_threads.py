@@ -1,11 +1,12 @@
-"""The host BLAS's thread count (NumPy's OpenBLAS), set for one phase of work.
+"""The host BLAS's thread count (NumPy's OpenBLAS) while barerl computes on the CPU.
 
 Finding (docs/LOG.md, 2026-12-01): OpenBLAS splits every product above 64^3 multiply-adds over all cores, and
-its threads wait for each other at the end of each product. A decode step on the CPU is ~120 products of a
-few rows each; whenever another thread or process holds a core (GRPO's reward thread or workers, another
-job), each of them waits for a scheduler time slice, spinning: on a 2-core machine the products of 8 rows
-took 12x the time and 19x the CPU time on two threads. Those products are memory-bound, so the engine runs
-them on one thread (`LLM.generate`); training's large products keep every core.
+its threads wait for each other, spinning, at the end of each product. When anything else holds a core (the
+loop's own Python work, GRPO's reward thread or workers, another job), each product waits for a scheduler
+time slice: on the 2-core machine a GRPO step of SmolLM2-135M took 2-5x the time and twice the CPU time of
+the same step on one thread, products of 8 rows (decoding) 12x the time. So the engine (`LLM.generate`) and
+the training loops run the BLAS on one thread fewer than the cores the process may use (a core for Python),
+at least one: `cpu_blas_threads`. A count the user set (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) is kept.
 
 Control goes through OpenBLAS's own functions, found with ctypes in the process's loaded libraries (as
 threadpoolctl does): NumPy's wheels bundle `scipy_openblas` (symbols prefixed `scipy_`), a system NumPy
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from contextlib import contextmanager
 
 _PREFIXES = ("scipy_openblas", "openblas")
@@ -50,10 +52,30 @@ def blas_num_threads() -> int | None:
     return None if functions is None else functions[0]()
 
 
+def cpu_blas_threads():
+    """Context manager running barerl's CPU work on `max(1, cores - 1)` BLAS threads, unless
+    the user set the count in the environment (then nothing changes)."""
+    if any(os.environ.get(name) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
+        return blas_threads(None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return blas_threads(max(1, cores - 1))
+
+
+def on_cpu_blas_threads(fn):
+    """Decorator: `fn` runs within `cpu_blas_threads()` (the count decided at each call)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with cpu_blas_threads():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @contextmanager
-def blas_threads(count: int):
-    """Run the body with the host BLAS on `count` threads; the previous count comes back after it."""
-    functions = _openblas()
+def blas_threads(count: int | None):
+    """Run the body with the host BLAS on `count` threads (None: as it is); the previous count comes back."""
+    functions = _openblas() if count is not None else None
     if functions is None:
         yield
         return

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from barerl.cpu_threads import blas_threads
+from barerl.cpu_threads import cpu_blas_threads
 from barerl.engine.block_manager import BlockManager
 from barerl.engine.detokenizer import Detokenizer
 from barerl.engine.model_runner import ModelRunner
@@ -298,9 +298,9 @@ class LLM:
         self._drain()
 
     def _threads(self):
-        """On the CPU, the engine's products (a few rows each, memory-bound) on one BLAS thread: split over
-        every core, each waits for a time slice whenever another thread holds a core (cpu_threads.py)."""
-        return blas_threads(1) if self.model.device == "cpu" else nullcontext()
+        """On the CPU, the BLAS on a core fewer than there are: on all of them, each product waits for a time
+        slice whenever another thread holds a core (cpu_threads.py)."""
+        return cpu_blas_threads() if self.model.device == "cpu" else nullcontext()
 
     def _start_call(self, requests: list[Request]) -> None:
         if self.asleep:

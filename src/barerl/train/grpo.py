@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from barerl.cpu_threads import on_cpu_blas_threads
 from barerl.model.model import Model, SamplingFilter
 from barerl.model.weights import ParameterBuffer
 from barerl.tokenizer import load_tokenizer
@@ -55,6 +56,7 @@ class GRPOResult:
 
 
 @stops_on_signals
+@on_cpu_blas_threads
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
                reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""

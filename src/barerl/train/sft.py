@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from barerl.cpu_threads import on_cpu_blas_threads
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
 from barerl.train.data import (
@@ -67,6 +68,7 @@ def evaluation_loss(model, examples: list[Example], max_tokens: int) -> float | 
 
 
 @stops_on_signals
+@on_cpu_blas_threads
 def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
               show_progress: bool = True) -> SFTResult:
     """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
