@@ -136,3 +136,37 @@ def test_save_only_model_checkpoints_load_as_models_and_refuse_to_resume(tmp_pat
                                          f"resumed; start a new run from its weights with --model {checkpoint}"):
         run_sft(sft_config(tmp_path, max_steps=4, resume_from_checkpoint="latest"))
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+
+
+def test_a_signal_during_a_save_stops_once_it_is_written(tmp_path, monkeypatch):
+    import barerl.train.session as session_module
+
+    write = session_module.save_training_state
+
+    def write_signalled(*args, **kwargs):
+        path = write(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return path
+
+    monkeypatch.setattr(session_module, "save_training_state", write_signalled)
+    with pytest.raises(TrainingInterrupted, match=r"stopped after step 2 of 4; saved .*checkpoint-2\n"):
+        run_grpo(grpo_config(tmp_path, max_steps=4, save_steps=2))
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+
+
+def test_a_signal_between_steps_stops_before_the_next_rollouts(tmp_path, monkeypatch):
+    from barerl.train.optimizer import AdamW
+
+    offload, calls = AdamW.offload, []
+
+    def offload_signalled(self, *args):  # called before the first round and after each generation batch
+        calls.append(1)
+        offload(self, *args)
+        if len(calls) == 3:  # after step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(AdamW, "offload", offload_signalled)
+    with pytest.raises(TrainingInterrupted, match=r"stopped after step 2 of 4; saved .*checkpoint-2\n"):
+        run_grpo(grpo_config(tmp_path, max_steps=4, offload_optimizer=True))
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+    assert len(calls) == 3  # the third round was never generated

@@ -76,7 +76,10 @@ class StopSignals:
 
     @contextmanager
     def abandonable(self):
-        """A phase that a signal abandons at once (StepAbandoned) instead of letting it finish."""
+        """A phase that a signal abandons at once (StepAbandoned) instead of letting it finish; one that
+        came before it began (during a save, say) abandons it before it starts."""
+        if self.received is not None:
+            raise StepAbandoned
         self._abandonable = True
         try:
             yield

@@ -89,10 +89,13 @@ class TrainingSession:
         return self.stop_requested or self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
     def save(self, data_state: dict) -> Path:
-        """Write checkpoint-{step}; after a stop signal, then raise TrainingInterrupted (see interrupts.py)."""
+        """Write checkpoint-{step}; after a stop signal (also one during this save), then raise
+        TrainingInterrupted with a resumable checkpoint (see interrupts.py)."""
+        resumable = self.stop_requested or not self.cfg.save_only_model
+        path = self._write(data_state, resumable)
         if self.stop_requested:
-            raise self._interrupted(self._write(data_state, resumable=True))
-        return self._write(data_state, resumable=not self.cfg.save_only_model)
+            raise self._interrupted(path if resumable else self._write(data_state, resumable=True))
+        return path
 
     def _write(self, data_state: dict, resumable: bool) -> Path:
         path = save_training_state(
