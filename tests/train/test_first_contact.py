@@ -130,3 +130,14 @@ def test_sampling_params_from_a_json_file_keep_their_errors_clear(tmp_path):
     params = json.loads('{"temperature": NaN, "stop": 123}')
     with pytest.raises(ValueError, match="SamplingParams.stop: must be a string or a list of strings, got 123"):
         SamplingParams(**params)
+
+
+@pytest.mark.gpu
+def test_nan_weights_are_refused_on_the_gpu_in_bfloat16(tmp_path):
+    model = tiny_model()
+    save_checkpoint(tmp_path / "sound", model.cfg, model.params)
+    assert Model.from_pretrained(tmp_path / "sound", device="cuda", dtype="bfloat16").device == "cuda"
+    model.params["model.norm.weight"][0] = np.inf
+    save_checkpoint(tmp_path / "inf", model.cfg, model.params)
+    with pytest.raises(CheckpointError, match="tensor 'model.norm.weight' holds 1 NaN or infinite values"):
+        Model.from_pretrained(tmp_path / "inf", device="cuda", dtype="bfloat16")

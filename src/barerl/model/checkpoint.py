@@ -181,16 +181,15 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np,
         if tuple(array.shape) != view.shape:
             raise CheckpointError(f"{file_of[name]}: tensor '{name}' has shape {tuple(array.shape)}, but the "
                                   f"config implies {view.shape}")
-        _copy_into(view, array)
-        _check_finite(view, name, file_of[name])
+        _check_finite(_copy_into(view, array), name, file_of[name])
     return cfg, params
 
 
-def _check_finite(view, name: str, file: str) -> None:
+def _check_finite(values: np.ndarray, name: str, file: str) -> None:
     """NaN or inf weights make NaN logits, from which sampling returns token 0 as if nothing were wrong."""
-    if not bool(np.isfinite(view).all()):  # CuPy arrays take NumPy's ufuncs too
-        bad = int((~np.isfinite(view)).sum())
-        raise CheckpointError(f"{file}: tensor '{name}' holds {bad} NaN or infinite values of {view.size}: the "
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        raise CheckpointError(f"{file}: tensor '{name}' holds {bad} NaN or infinite values of {values.size}: the "
                               "checkpoint is damaged, or was saved from a run that diverged")
 
 
@@ -310,12 +309,15 @@ def _check_names(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], file_of: d
             raise CheckpointError(f"{weights_file}: tensor '{name}' (shape {shape}) is missing from the weights")
 
 
-def _copy_into(view, array: np.ndarray) -> None:
-    """Cast one host tensor into its view of the flat buffer (NumPy: in place; CuPy: one upload)."""
+def _copy_into(view, array: np.ndarray) -> np.ndarray:
+    """Cast one host tensor into its view of the flat buffer (NumPy: in place; CuPy: one upload); returns
+    the values as stored, on the host (cast: a float32 beyond float16's range is inf there)."""
     if isinstance(view, np.ndarray):
         view[...] = array
-    else:
-        view.set(np.ascontiguousarray(array, dtype=view.dtype))
+        return view
+    host = np.ascontiguousarray(array, dtype=view.dtype)
+    view.set(host)
+    return host
 
 
 # ---------------------------------------------------------------------------------------------------------
