@@ -59,9 +59,9 @@ def task_rows_and_reward(task: str):
 
 
 def run_barerl(args) -> dict:
+    from barerl.device import resolve_device
     from barerl.train.config import GRPOConfig
     from barerl.train.grpo import train_grpo
-    from barerl.train.session import resolve_device
 
     rows, reward = task_rows_and_reward(args.task)
     cfg = GRPOConfig(model=args.model, output_dir=str(run_dir(args)), seed=args.seed, max_steps=args.steps,

@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args.command = name
     try:
         return int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # a training loop's TrainingInterrupted says what it saved and how to resume
+        print(str(e) or "interrupted", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
     except (ValueError, FileNotFoundError, OSError) as e:
         # Our errors name the file and the field; a traceback would only bury that.
         print(f"barerl {name}: error: {e}", file=sys.stderr)

@@ -16,6 +16,8 @@ def token_ids(outputs):
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"n": 0}, r"SamplingParams.n: must be an integer >= 1, got 0"),
     ({"temperature": -0.5}, r"temperature: must be a finite number >= 0"),
+    ({"temperature": float("nan")}, r"temperature: must be a finite number >= 0 \(0 means greedy\), got nan"),
+    ({"temperature": float("inf")}, r"temperature: must be a finite number >= 0 \(0 means greedy\), got inf"),
     ({"top_p": 0.0}, r"top_p: must be in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p: must be in \(0, 1\]"),
     ({"top_k": -2}, r"top_k: must be an integer >= -1"),
@@ -23,6 +25,8 @@ def token_ids(outputs):
     ({"max_tokens": 0}, r"max_tokens: must be an integer >= 1"),
     ({"min_tokens": 5, "max_tokens": 3}, r"min_tokens: must be <= max_tokens"),
     ({"stop": ["ok", ""]}, r"stop: must be a non-empty string"),
+    ({"stop": 123}, r"SamplingParams.stop: must be a string or a list of strings, got 123"),
+    ({"stop_token_ids": 5}, r"SamplingParams.stop_token_ids: must be a list of token ids, got 5"),
     ({"stop_token_ids": [-1]}, r"stop_token_ids: must be a list of token ids"),
     ({"logprobs": -1}, r"logprobs: must be a bool"),
 ])

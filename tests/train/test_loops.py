@@ -22,9 +22,9 @@ from train_helpers import (
     smollm2_like_model,
     starts_with_seven,
     tiny_model,
+    write_model_folder,
 )
 
-from barerl.model.checkpoint import save_checkpoint
 from barerl.model.model import Model
 from barerl.train.config import GRPOConfig, SFTConfig
 from barerl.train.demo import make_tokenizer
@@ -259,12 +259,7 @@ def test_resume_gives_the_same_next_steps(tmp_path, loop):
 
 @pytest.fixture
 def model_folder(tmp_path):
-    model = tiny_model()
-    folder = tmp_path / "model"
-    save_checkpoint(folder, model.cfg, model.params, tokenizer=make_tokenizer())
-    data = tmp_path / "sft.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
-    return folder, data
+    return write_model_folder(tmp_path)
 
 
 def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):

@@ -131,7 +131,7 @@ def test_load_reward_function_forms(reward_file):
         load_reward_function("accuracy")
     with pytest.raises(RewardError, match="missing.py not found"):
         load_reward_function("missing.py:f")
-    with pytest.raises(RewardError, match="has no function 'nope'"):
+    with pytest.raises(RewardError, match="has no function 'nope' \\(it has: first_char_is_digit, not_a_list, "):
         load_reward_function(f"{reward_file}:nope")
     with pytest.raises(RewardError, match="cannot import module 'no_such_module'"):
         load_reward_function("no_such_module:f")
@@ -178,10 +178,11 @@ def test_all_none_row_scores_zero_with_warning(reward_file):
 
 
 @pytest.mark.parametrize("function, message", [
-    ("raises", r"reward 'raises' raised KeyError: 'no such column'"),
-    ("wrong_length", r"reward 'wrong_length' returned 1 values for 2 completions"),
-    ("wrong_type", r"reward 'wrong_type' returned str 'high' at index 0"),
-    ("not_a_list", r"reward 'not_a_list' returned float; expected a list"),
+    ("raises", (r"reward 'raises' on dataset rows 0-1 \(first prompt 'p'\): raised KeyError: 'no such column' "
+               r"\(at .*my_rewards.py:\d+ in raises\)")),
+    ("wrong_length", r"reward 'wrong_length' on dataset rows 0-1 .*: returned 1 values for 2 completions"),
+    ("wrong_type", r"reward 'wrong_type' on dataset row 0 \(prompt 'p'\): returned str 'high'; expected a float"),
+    ("not_a_list", r"reward 'not_a_list' on dataset rows 0-1 .*: returned float; expected a list"),
 ])
 def test_bad_rewards_are_named(reward_file, function, message):
     runner = RewardRunner(load_rewards(f"{reward_file}:{function}"), num_workers=0)
@@ -192,7 +193,8 @@ def test_bad_rewards_are_named(reward_file, function, message):
 
 def test_missing_column_is_reported():
     runner = RewardRunner(load_rewards("math_accuracy"), num_workers=0)
-    with pytest.raises(RewardError, match="reward 'math_accuracy' raised ValueError.*'answer' or 'solution'"):
+    with pytest.raises(RewardError, match="reward 'math_accuracy' on dataset row 0 .*: raised ValueError.*'answer' "
+                                          "or 'solution'"):
         runner(["p"], ["1"])
     with pytest.raises(RewardError, match="column 'answer' has 2 values for 1 prompts"):
         runner(["p"], ["1"], {"answer": ["1", "2"]})
@@ -213,7 +215,8 @@ def test_workers_overlap_and_timeout(reward_file):
     slow = load_rewards([f"{reward_file}:first_char_is_digit", f"{reward_file}:slow"])
     with RewardRunner(slow, num_workers=2, timeout=3) as runner:
         start = time.monotonic()
-        with pytest.raises(RewardError, match=r"reward 'slow' timed out after 3s"):
+        with pytest.raises(RewardError, match=r"reward 'slow' on dataset row 0 .*: timed out, no result within "
+                                              r"reward_timeout=3s"):
             runner(["p"], ["1"])
         assert time.monotonic() - start < 30
         runner.rewards = slow[:1]
@@ -222,11 +225,11 @@ def test_workers_overlap_and_timeout(reward_file):
 
 def test_in_process_timeout(reward_file):
     runner = RewardRunner(load_rewards(f"{reward_file}:slow"), num_workers=0, timeout=0.5)
-    with runner, pytest.raises(RewardError, match="reward 'slow' timed out after 0.5s"):
+    with runner, pytest.raises(RewardError, match="reward 'slow' on .*: timed out, no result within reward_timeout=0.5s"):
         runner(["p"], ["c"])
 
 
 def test_worker_error_is_named(reward_file):
     runner = RewardRunner(load_rewards(f"{reward_file}:raises"), num_workers=1, timeout=60)
-    with runner, pytest.raises(RewardError, match="reward 'raises' raised KeyError"):
+    with runner, pytest.raises(RewardError, match="reward 'raises' on dataset row 0 .*: raised KeyError"):
         runner(["p"], ["c"])

@@ -33,6 +33,10 @@ def random_problem(cfg, steps, seed=0, grad_scale=1.0):
     return init, grads
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The SFT and GRPO loops on a tiny model and the addition task (tests of the loops, interrupts, output folders)
+
+
 def tiny_model(seed=0) -> Model:
     cfg = ModelConfig.from_dict({
         "architectures": ["Qwen3ForCausalLM"], "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
@@ -58,10 +62,24 @@ def grpo_config(tmp_path, **kw) -> GRPOConfig:
     return GRPOConfig(**{**base, **kw})
 
 
-def run_grpo(cfg, model=None):
+def run_grpo(cfg, model=None, reward_funcs=(starts_with_seven,)):
     return train_grpo(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=PROMPTS,
-                      reward_funcs=[starts_with_seven], show_progress=False,
-                      engine_args={"num_kv_blocks": 64})
+                      reward_funcs=list(reward_funcs), show_progress=False, engine_args={"num_kv_blocks": 64})
+
+
+def sft_config(output_dir, **kw):
+    from barerl.train.config import SFTConfig
+
+    base = {"output_dir": str(output_dir), "max_steps": 4, "save_steps": 2, "learning_rate": 1e-2,
+            "per_device_train_batch_size": 8, "packing": False, "seed": 5, "lr_scheduler_type": "constant"}
+    return SFTConfig(**{**base, **kw})
+
+
+def run_sft(cfg, model=None):
+    from barerl.train.sft import train_sft
+
+    return train_sft(cfg, model=model or tiny_model(), tokenizer=make_tokenizer(), rows=SFT_ROWS,
+                     show_progress=False)
 
 
 def read_jsonl(path) -> list[dict]:
@@ -70,6 +88,7 @@ def read_jsonl(path) -> list[dict]:
 
 
 def metrics(output_dir) -> list[dict]:
+    """metrics.jsonl without the timings (which differ from run to run)."""
     rows = read_jsonl(os.path.join(output_dir, "metrics.jsonl"))
     for r in rows:
         for key in [k for k in r if k.startswith("time") or "per_second" in k]:
@@ -96,6 +115,20 @@ def smollm2_like_model(device: str, dtype: str, seed=0, max_position_embeddings=
     return Model(cfg, ParameterBuffer(cfg, cupy.asarray(cpu.params.flat.astype(resolve_dtype(dtype)))), "cuda")
 
 
+def write_model_folder(tmp_path):
+    """The tiny model and the demo's tokenizer as a Hugging Face folder, and SFT_ROWS as a JSONL file."""
+    from barerl.model.checkpoint import save_checkpoint
+    from barerl.train.demo import make_tokenizer
+
+    model = tiny_model()
+    folder = tmp_path / "model"
+    save_checkpoint(folder, model.cfg, model.params, tokenizer=make_tokenizer())
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
+    return folder, data
+
+
 def cli(*args, **kw):
+    """`python -m barerl.cli ARGS` in a subprocess, output captured."""
     return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300, check=False, **kw)

@@ -1,7 +1,7 @@
 """`barerl generate`: completions from the command line, with a progress bar and a throughput line.
 
 Sampling flags come from `SamplingParams`' fields and engine flags from `EngineConfig`'s, so defaults live
-in one place. Prompts: `--prompt` (repeatable) or `--prompts-file` JSONL, one per line: a string, or an
+in one place; `--device` and `--dtype` default to auto, as in every command (the GPU when CuPy finds one). Prompts: `--prompt` (repeatable) or `--prompts-file` JSONL, one per line: a string, or an
 object with "prompt" (text), "prompt_token_ids" or "messages" (a conversation). `--chat` wraps text prompts
 as a user message and applies the model's chat template. Output: JSONL with `--output`, else the texts.
 """
@@ -13,11 +13,12 @@ import dataclasses
 import json
 import sys
 
+from barerl.device import DEVICES, resolve_auto_dtype, resolve_device
 from barerl.engine.config import EngineConfig
 from barerl.engine.sampling_params import SamplingParams
 
 _SKIP_SAMPLING = {"stop_strings"}
-_SKIP_ENGINE = {"seed"}  # --seed is the sampling seed; unseeded requests use the engine default
+_SKIP_ENGINE = {"seed", "device", "dtype"}  # --seed is the sampling seed; device and dtype: auto, below
 
 
 def add_dataclass_flags(group, cls, skip: set[str]) -> None:
@@ -48,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "messages")
     parser.add_argument("--chat", action="store_true", help="apply the chat template to text prompts")
     parser.add_argument("--output", help="write one JSON object per prompt to this JSONL file")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda if CuPy finds a GPU")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="auto: bfloat16 on cuda, float32 on cpu")
     add_dataclass_flags(parser.add_argument_group("sampling"), SamplingParams, _SKIP_SAMPLING)
     add_dataclass_flags(parser.add_argument_group("engine"), EngineConfig, _SKIP_ENGINE)
 
@@ -88,7 +92,9 @@ def run(args) -> int:
 
     params = SamplingParams(**given_fields(args, SamplingParams, _SKIP_SAMPLING))
     items = _read_prompts(args)
-    llm = LLM(args.model, **given_fields(args, EngineConfig, _SKIP_ENGINE))
+    device = resolve_device(args.device)
+    llm = LLM(args.model, device=device, dtype=resolve_auto_dtype(args.dtype, device),
+              **given_fields(args, EngineConfig, _SKIP_ENGINE))
     outputs = llm.generate([_to_engine_prompt(llm, item, args.chat) for item in items], params)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -65,7 +65,11 @@ def _require_bool(name: str, value) -> None:
 def kv_cache_size(model: Model, cfg: EngineConfig) -> tuple[int, int]:
     """(max_model_len, num_blocks): the longest sequence the engine takes and the KV blocks it allocates."""
     bs = cfg.block_size
-    max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
+    positions = model.cfg.max_position_embeddings
+    if cfg.max_model_len is not None and cfg.max_model_len > positions:  # as vLLM: those were never trained
+        raise ValueError(f"LLM: max_model_len={cfg.max_model_len} is more than the model's {positions} positions "
+                         "(max_position_embeddings)")
+    max_model_len = cfg.max_model_len or positions
     if cfg.num_kv_blocks is not None:
         num_blocks = cfg.num_kv_blocks
     else:

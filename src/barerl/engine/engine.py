@@ -164,6 +164,9 @@ class Engine:
         if following is not None:
             self._in_flight = following, self.runner.continue_steps(following, pending)
         tokens, logprobs = pending.result()
+        if np.isnan(logprobs).any():  # NaN logits, from NaN weights: sampling would go on with token 0
+            raise ValueError("the model's logits are NaN: its weights hold NaN or inf (a damaged checkpoint, or "
+                             "training that diverged); nothing it generates is meaningful")
         sampled = []
         for k, (step, rows) in enumerate(self.scheduler.step_batches(batch)):
             step_tokens, step_logprobs = (tokens, logprobs) if rows is None else (tokens[k, rows], logprobs[k, rows])

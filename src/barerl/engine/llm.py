@@ -17,10 +17,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from barerl.cpu_threads import cpu_blas_threads
 from barerl.engine.config import EngineConfig
 from barerl.engine.engine import Engine
 from barerl.engine.outputs import RequestOutput
@@ -100,7 +102,7 @@ class LLM:
         index_of = {r.request_id: i for i, r in enumerate(requests)}
         start, num_generated = time.perf_counter(), 0
         outputs: dict[int, RequestOutput] = {}  # by index, each built once (detokenizing is the costly part)
-        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
+        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar, self._threads():
             while engine.has_unfinished():
                 sampled = engine.step()
                 num_generated += len(sampled)
@@ -146,9 +148,16 @@ class LLM:
         self.engine.start([request])
         num_sent: dict[int, int] = {}
         while not request.finished:
-            if self.engine.step(incremental_text=True):
+            with self._threads():
+                sampled = self.engine.step(incremental_text=True)
+            if sampled:
                 yield self.engine.output(request, num_sent)
         self.engine.drain()
+
+    def _threads(self):
+        """On the CPU, the BLAS on a core fewer than there are: on all of them, each product waits for a time
+        slice whenever another thread holds a core (cpu_threads.py)."""
+        return cpu_blas_threads() if self.model.device == "cpu" else nullcontext()
 
     # ------------------------------------------------------------------------------------- sleep / wake
 

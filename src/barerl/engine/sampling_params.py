@@ -49,6 +49,12 @@ class SamplingParams:
     filter: SamplingFilter = field(init=False, repr=False)  # temperature, top_k, top_p, min_p, validated
 
     def __post_init__(self) -> None:
+        # list(123) would be a TypeError; like every bad value here (and in vLLM), a ValueError
+        if not isinstance(self.stop, (str, list, tuple, type(None))):
+            raise ValueError(f"SamplingParams.stop: must be a string or a list of strings, got {self.stop!r}")  # noqa: TRY004
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            got = self.stop_token_ids
+            raise ValueError(f"SamplingParams.stop_token_ids: must be a list of token ids, got {got!r}")  # noqa: TRY004
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._validate()

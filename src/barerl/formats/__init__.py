@@ -5,6 +5,7 @@
 - `hf_folder`: a Hugging Face model folder's files (config.json, single or sharded safetensors).
 - `paths`: what a model path names (a folder, a .gguf file, a file inside an installed package).
 - `atomic`: one atomic folder writer, for model checkpoints and training checkpoints alike.
+- `checksums`: the size and SHA-256 of every file of a checkpoint, recorded when written, verified when read.
 
 Nothing here knows the model's buffers: readers give names and arrays, writers take them.
 """

@@ -11,6 +11,8 @@ Design decisions:
   unexpected); each shape is checked as its tensor is copied (a GGUF tensor has its shape only once
   dequantised). Errors are `CheckpointError`s naming the file and the tensor; config problems stay
   `ConfigError`s.
+- Weights must be finite: a tensor holding NaN or inf is refused as it is copied, naming it. A folder barerl
+  wrote as a training checkpoint has its files checked against their recorded checksums first.
 - Saving is atomic (formats/atomic.py), and never replaces a folder that is not a checkpoint.
 """
 
@@ -24,14 +26,18 @@ import numpy as np
 from barerl.config import ModelConfig
 from barerl.formats import CheckpointError
 from barerl.formats.atomic import atomic_folder
+from barerl.formats.checksums import verify_model_files
 from barerl.formats.hf_folder import check_names, folder_tensors, write_json, write_weights
 from barerl.formats.paths import is_gguf, resolve_model_path
 from barerl.formats.safetensors import resolve_dtype
 from barerl.model.weights import ParameterBuffer
 
 
-def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[ModelConfig, ParameterBuffer]:
-    """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`."""
+def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np,
+                    verify: bool = True) -> tuple[ModelConfig, ParameterBuffer]:
+    """Load a Hugging Face model folder or a .gguf file into one flat buffer of `dtype` on `xp`. A folder
+    barerl wrote as a training checkpoint has its files checked against their recorded checksums first
+    (`verify=False`: the caller did)."""
     path = resolve_model_path(path)
     if is_gguf(path):
         from barerl.formats.gguf import read_gguf
@@ -41,6 +47,8 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
         # `gguf.tensors` dequantises on access: it stays lazy, so one fp32 tensor exists at a time
         tensors, file_of, weights_file = gguf.tensors, dict.fromkeys(gguf.tensors, path), path
     else:
+        if verify:
+            verify_model_files(path)
         cfg = ModelConfig.from_file(os.path.join(path, "config.json"))
         tensors, file_of, weights_file = folder_tensors(path)
     check_names(cfg, tensors, file_of, weights_file)
@@ -50,16 +58,27 @@ def load_checkpoint(path: str | os.PathLike, dtype="float32", xp=np) -> tuple[Mo
         if tuple(array.shape) != view.shape:
             raise CheckpointError(f"{file_of[name]}: tensor '{name}' has shape {tuple(array.shape)}, but the "
                                   f"config implies {view.shape}")
-        copy_into(view, array)
+        _check_finite(copy_into(view, array), name, file_of[name])
     return cfg, params
 
 
-def copy_into(view, array: np.ndarray) -> None:
-    """Cast one host tensor into its view of the flat buffer (NumPy: in place; CuPy: one upload)."""
+def _check_finite(values: np.ndarray, name: str, file: str) -> None:
+    """NaN or inf weights make NaN logits, from which sampling returns token 0 as if nothing were wrong."""
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        raise CheckpointError(f"{file}: tensor '{name}' holds {bad} NaN or infinite values of {values.size}: the "
+                              "checkpoint is damaged, or was saved from a run that diverged")
+
+
+def copy_into(view, array: np.ndarray) -> np.ndarray:
+    """Cast one host tensor into its view of the flat buffer (NumPy: in place; CuPy: one upload); returns the
+    values as stored, on the host (cast: a float32 beyond float16's range is inf there)."""
     if isinstance(view, np.ndarray):
         view[...] = array
-    else:
-        view.set(np.ascontiguousarray(array, dtype=view.dtype))
+        return view
+    host = np.ascontiguousarray(array, dtype=view.dtype)
+    view.set(host)
+    return host
 
 
 def save_checkpoint(folder: str | os.PathLike, cfg: ModelConfig, params: ParameterBuffer, tokenizer=None,

@@ -342,7 +342,7 @@ def _xp_for(device: str):
     if device == "cpu":
         return np
     if device == "cuda":
-        import cupy
+        from barerl.device import import_cupy
 
-        return cupy
+        return import_cupy()
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")

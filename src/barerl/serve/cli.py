@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"barerl serve needs the serve extra ({e.name} is missing): pip install 'barerl[serve]'",
               file=sys.stderr)
         return 1
+    from barerl.device import resolve_auto_dtype, resolve_device
     from barerl.engine.llm import LLM
-    from barerl.train.session import resolve_auto_dtype, resolve_device
 
     device = resolve_device(args.device)
     llm = LLM(args.model, device=device, dtype=resolve_auto_dtype(args.dtype, device),

@@ -4,8 +4,9 @@ The environment copies transformers' `_compile_jinja_template` (utils/chat_templ
 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the loopcontrols extension, a `{% generation %}`
 tag, `tojson` that does not escape HTML and takes json.dumps' options, and the globals `raise_exception`,
 `strftime_now`, `dict` and a `namespace` that refuses underscore names. Templates are untrusted input from a
-checkpoint: the sandbox keeps them away from Python internals. Any failure becomes one `ChatTemplateError`
-naming where the template came from and Jinja's message (with the line for syntax errors).
+checkpoint: the sandbox keeps them away from Python internals, and rendering is bounded in time and size
+(`template_limits`). Any failure becomes one `ChatTemplateError` naming where the template came from and
+Jinja's message (with the line for syntax errors).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any, ClassVar
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from barerl.tokenizer.template_limits import (
+    BoundedSandbox,
+    bound_compiled,
+    bounded,
+    check_json_indent,
+    max_chars_for,
+)
 
 
 class ChatTemplateError(ValueError):
@@ -75,6 +83,7 @@ def _raise_exception(message):
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # jinja's own tojson escapes HTML characters (<, >, &, '), which would change the prompt text
+    check_json_indent(indent)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -84,7 +93,7 @@ def _strftime_now(fmt):
 
 @lru_cache(maxsize=16)
 def _compile(template: str, source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+    env = BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -92,9 +101,23 @@ def _compile(template: str, source: str) -> jinja2.Template:
         raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_Dict(), namespace=_Namespace
     )
     try:
-        return env.from_string(template)
+        compiled = env.from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"{source}: chat template syntax error at line {e.lineno}: {e.message}") from None
+    bound_compiled(compiled)
+    return compiled
+
+
+def _streamed(compiled: jinja2.Template, inputs: dict, max_chars: int) -> str:
+    """The rendered text, counted as it streams out, so that an endless output stops at max_chars."""
+    parts, size = [], 0
+    for part in compiled.generate(**inputs):
+        size += len(part)
+        if size > max_chars:
+            raise jinja2.exceptions.SecurityError(f"the prompt grew past {max_chars:,} characters, the most a chat "
+                                                  "prompt may have here (a template that renders without bound)")
+        parts.append(part)
+    return "".join(parts)
 
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -142,18 +165,17 @@ def render_chat(
         final = messages[-1]["content"]
         messages[-1] = {**messages[-1], "content": final + _CONTINUE_TAG}
     compiled = _compile(template, source)
+    inputs = {"messages": messages, "tools": tools, "documents": documents,
+              "add_generation_prompt": add_generation_prompt, **variables}
+    max_chars = max_chars_for(inputs)
     try:
-        text = compiled.render(
-            messages=messages,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            **variables,
-        )
+        with bounded(max_chars):
+            text = _streamed(compiled, inputs, max_chars)
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"{source}: chat template failed: {e.message or e}") from None
-    except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError) as e:
-        # a template calling a method on the wrong type, indexing past a list, ...
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError, RecursionError,
+            MemoryError) as e:
+        # a template calling a method on the wrong type, indexing past a list, recursing without end, ...
         raise ChatTemplateError(f"{source}: chat template failed: {type(e).__name__}: {e}") from None
     if final is not None:
         tag = _CONTINUE_TAG.strip()

@@ -78,8 +78,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _load_engine(cfg):
+    from barerl.device import resolve_auto_dtype, resolve_device
     from barerl.engine.llm import LLM
-    from barerl.train.session import resolve_auto_dtype, resolve_device
 
     device = resolve_device(cfg.device)
     return LLM(cfg.model, device=device, dtype=resolve_auto_dtype(cfg.dtype, device))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -56,6 +57,8 @@ class TrainConfig:
     eval_split: float = opt(0.0, "Fraction of `dataset` held out for evaluation when `eval_dataset` is not "
                             "given (0: no held-out split).", min=0.0, max=0.5)
     output_dir: str = opt("outputs", "Folder for checkpoints, metrics.jsonl, samples.jsonl and plots.")
+    overwrite_output_dir: bool = opt(False, "Start a new run in an output_dir that holds another one, deleting "
+                                     "what that run wrote (without it, a folder in use is refused unless resuming).")
     run_name: str | None = opt(None, "Name of the run in TensorBoard / W&B (default: the output folder's name).")
     seed: int = opt(42, "Seed for data order, initialisation and sampling: same seed and config, same run.")
     device: str = opt("auto", "Where to run: auto (cuda if available), cpu or cuda.",
@@ -101,7 +104,8 @@ class TrainConfig:
     gradient_accumulation_steps: int = opt(1, "Micro-batches accumulated into one optimizer step.", min=1)
     max_tokens_per_microbatch: int | None = opt(
         8192, "Token budget of one packed forward/backward pass: larger batches are split and their "
-        "gradients accumulated (the result does not change). None: one pass per batch.", min=1)
+        "gradients accumulated (the result does not change). None: one pass per batch. Activations grow with "
+        "it: on a CPU (fp32) ~1.1 MB per token for SmolLM2-135M without gradient_checkpointing.", min=1)
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     gradient_checkpointing_keep: tuple[str, ...] = opt(
         DEFAULT_KEEP, "With gradient_checkpointing: ops whose outputs are kept through the forward pass rather "
@@ -118,7 +122,12 @@ class TrainConfig:
                              "(never: the run leaves metrics and curves only; for a benchmark, or a model whose "
                              "optimizer state cannot come back to the GPU to be saved).", choices=("steps", "no"))
     save_steps: int = opt(500, "Write a checkpoint every N steps (0: only at the end).", min=0)
-    save_total_limit: int | None = opt(None, "Keep at most this many checkpoints, deleting the oldest.", min=1)
+    save_total_limit: int | None = opt(2, "Keep at most this many checkpoints, deleting the oldest (None: keep "
+                                       "all; a checkpoint holds the weights and 12 bytes per parameter of "
+                                       "optimizer state).", min=1)
+    save_only_model: bool = opt(False, "Checkpoints hold the model alone, without the optimizer state (a quarter "
+                                "of the size with fp32 weights): they load as models but cannot be resumed; the "
+                                "one a stop signal leaves is always whole.")
     resume_from_checkpoint: str | None = opt(None, "Checkpoint folder to resume from, or 'latest' for the "
                                              "newest complete checkpoint in output_dir.")
     # Several processes (started by mpirun / mpiexec / srun, one per GPU; see barerl.distributed)
@@ -217,8 +226,9 @@ class GRPOConfig(TrainConfig, EnvironmentConfig):
     reward_weights: tuple[float, ...] | None = opt(None, "Weight of each reward function (None: all 1.0).")
     reward_num_workers: int = opt(0, "Worker processes for the reward functions (0: a thread of the trainer; "
                                   "use workers for rewards that run code or call out).", min=0)
-    reward_timeout: float | None = opt(None, "Seconds a reward call may take before it is stopped and the run "
-                                       "fails naming it (None: no limit).", gt=0.0)
+    reward_timeout: float | None = opt(300.0, "Seconds a reward call (one group of completions) may take, once the "
+                                       "trainer waits for it, before it is stopped and the run fails naming it "
+                                       "(None: no limit, a reward that never returns hangs the run).", gt=0.0)
     scale_rewards: str = opt("group", "Advantage scaling: group (divide by the group's reward std), batch "
                              "(by the batch's std) or none (Dr. GRPO). true/false mean group/none.",
                              choices=("group", "batch", "none", "true", "false"))
@@ -423,6 +433,8 @@ def _check(f: dataclasses.Field, value: Any) -> None:
         low, high, gt = meta.get("min"), meta.get("max"), meta.get("gt")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
+        if math.isnan(v):  # NaN passes every comparison: no bound would refuse it
+            raise ConfigError(f"{f.name}: must be a number, got nan")
         if (low is not None and v < low) or (high is not None and v > high) or (gt is not None and v <= gt):
             bounds = [f">= {low}"] * (low is not None) + [f"> {gt}"] * (gt is not None)
             bounds += [f"<= {high}"] * (high is not None)
@@ -449,7 +461,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        parse, errors = yaml.safe_load, yaml.YAMLError
+        from barerl.train.config_yaml import load_yaml
+
+        parse, errors = load_yaml, yaml.YAMLError
     elif path.suffix == ".toml":
         toml = _toml()
         parse, errors = toml.loads, toml.TOMLDecodeError

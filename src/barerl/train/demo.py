@@ -105,11 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from barerl.device import resolve_device
     from barerl.engine.llm import LLM
     from barerl.model.model import Model
     from barerl.train.config import GRPOConfig, SFTConfig
     from barerl.train.grpo import train_grpo
-    from barerl.train.session import resolve_device
     from barerl.train.sft import train_sft
 
     device = resolve_device(args.device)
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     engine = {"num_kv_blocks": 512, "max_num_seqs": 256}
 
     print(f"[1/3] SFT from scratch, {sft_steps} steps")
-    sft = SFTConfig(output_dir=str(out / "sft"), max_steps=sft_steps, learning_rate=size.sft_learning_rate, warmup_steps=20,
+    # each demo run replaces the previous one's results (overwrite_output_dir)
+    sft = SFTConfig(output_dir=str(out / "sft"), overwrite_output_dir=True, max_steps=sft_steps, learning_rate=size.sft_learning_rate, warmup_steps=20,
                     lr_scheduler_type="constant", per_device_train_batch_size=size.sft_batch, packing=False,
                     save_steps=0, seed=args.seed, report_to=("jsonl",), weight_decay=0.0)
     train_sft(sft, model=model, tokenizer=tokenizer, rows=addition_problems(20000, seed=args.seed))
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     lora = f", LoRA r={args.lora_r}" if args.lora_r else ""
     print(f"[2/3] GRPO{lora}, {grpo_steps} steps x {size.prompts_per_step} prompts x 8 samples")
     learning_rate = args.grpo_learning_rate or (size.lora_learning_rate if args.lora_r else size.grpo_learning_rate)
-    grpo = GRPOConfig(output_dir=str(out / "grpo"), max_steps=grpo_steps, learning_rate=learning_rate,
+    grpo = GRPOConfig(output_dir=str(out / "grpo"), overwrite_output_dir=True, max_steps=grpo_steps, learning_rate=learning_rate,
                       **({"lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r} if args.lora_r else {}),
                       per_device_train_batch_size=size.prompts_per_step * 8, num_generations=8,
                       max_completion_length=4, max_prompt_length=8, temperature=1.0, beta=0.0,

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from barerl.cpu_threads import on_cpu_blas_threads
 from barerl.distributed import process_group
 from barerl.distributed.rollouts import gather_rollouts, generation_plan
 from barerl.model.lora import training_dropout_seed
@@ -50,10 +51,13 @@ from barerl.tokenizer import load_tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.data import EpochSampler, load_dataset
 from barerl.train.episode_metrics import turn_mismatch
+from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import PolicyLoss, logprob_mismatch
 from barerl.train.memory_check import plan_run
 from barerl.train.memory_plan import rollout_kv_blocks
 from barerl.train.multi_turn import rollout_generator
+from barerl.train.preflight import check_positions, require_inputs
+from barerl.train.reward_errors import check_reward_columns
 from barerl.train.rewards import RewardRunner, load_rewards
 from barerl.train.rollouts import Rollouts, TrainBatch, train_batches
 from barerl.train.schedule import resolve_total_steps
@@ -69,12 +73,15 @@ class GRPOResult:
     summary: str = ""
 
 
+@stops_on_signals
+@on_cpu_blas_threads
 def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows: list[dict] | None = None,
                reward_funcs=None, show_progress: bool = True, engine_args: dict | None = None) -> GRPOResult:
     """Run GRPO as `cfg` says; `model`, `tokenizer`, `rows` and `reward_funcs` override their config keys."""
     from barerl.engine.config import EngineConfig, kv_blocks_in_budget
     from barerl.engine.llm import LLM
 
+    require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
     rewards = load_rewards(reward_funcs if reward_funcs is not None else list(cfg.reward_funcs),
@@ -82,6 +89,7 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     if not rewards and not cfg.environment_factory:
         raise ValueError("reward_funcs: GRPO needs at least one reward function (or an environment_factory whose "
                          "steps give rewards)")
+    check_reward_columns(rewards, rows)
     plan = generation_plan(cfg, process_group().size)
     num_prompts = plan.num_prompts
     micro_per_generation = plan.steps_per_generation
@@ -95,11 +103,13 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     if data_state:
         sampler.load_state_dict(data_state["sampler"])
     model, dp = run.model, run.data_parallel
+    positions = model.cfg.max_position_embeddings
+    check_positions(cfg, positions)
     ref_model = _frozen_copy(model) if cfg.beta > 0 else None
     # The engine never runs more sequences at once than one generation round has completions: a KV cache
     # sized for those (not for the engine's default 256) leaves the rest of the memory to training.
     engine = {"max_num_seqs": plan.local_completions,
-              "max_model_len": (cfg.max_prompt_length or 512) + cfg.max_completion_length,
+              "max_model_len": min((cfg.max_prompt_length or positions) + cfg.max_completion_length, positions),
               "device": model.device, "dtype": model.dtype.name,
               "seed": cfg.seed, **(engine_args or {})}
     if cfg.offload_optimizer:  # out of the way before the KV cache is allocated; back for each step
@@ -114,11 +124,14 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     with RewardRunner(rewards, num_workers=cfg.reward_num_workers, timeout=cfg.reward_timeout) as runner, \
             rollout_generator(cfg, tokenizer, plan.local_completions) as generate:
         while run.step < total:
-            def sample(round_index: int) -> Rollouts:
-                batch_rows = [rows[i] for i in sampler.take(num_prompts)]
+            resume_point = {"sampler": sampler.state_dict()}  # where a stop during these rollouts resumes
+
+            def sample(round_index: int, resume_point=resume_point) -> Rollouts:
+                indices = sampler.take(num_prompts)
                 mine = plan.prompt_share(dp.rank, dp.size)
-                local = generate(llm, tokenizer, batch_rows[mine], cfg, run.step, runner, round_index,
-                                 first_index=mine.start)
+                with run.abandonable(resume_point, release=llm.sleep):
+                    local = generate(llm, tokenizer, [rows[i] for i in indices[mine]], cfg, run.step, runner,
+                                     round_index, first_index=mine.start, row_ids=list(indices[mine]))
                 return gather_rollouts(dp, local, cfg.num_generations, cfg.scale_rewards)
 
             rollouts = sample(0)

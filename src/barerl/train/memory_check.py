@@ -57,9 +57,9 @@ def plan_run(train: TrainConfig, model=None, engine_args: dict | None = None,
     """The run's plan, printed when `show`, before its model is loaded (its config is read from `train.model`,
     or taken from `model` when one is given); MemoryPlanError when it does not fit the GPU. None when there is
     no model to plan for (the session says so)."""
+    from barerl.device import resolve_auto_dtype, resolve_device
     from barerl.formats.paths import load_config, resolve_model_path
     from barerl.model.peft_format import adapter_base, is_adapter, read_adapter
-    from barerl.train.session import resolve_auto_dtype, resolve_device
 
     adapter = read_adapter(train.lora_adapter)[0] if train.lora_adapter else None
     if model is not None:

@@ -74,15 +74,17 @@ class MultiTurnRollouts:
         self.tool_pool.close()
 
     def __call__(self, llm, tokenizer, rows: list[dict], cfg: GRPOConfig, step: int, runner: RewardRunner,
-                 round_index: int = 0, first_index: int = 0) -> Rollouts:
-        """cfg.num_generations episodes for each row, scored."""
+                 round_index: int = 0, first_index: int = 0, row_ids: list[int] | None = None) -> Rollouts:
+        """cfg.num_generations episodes for each row, scored (`row_ids`: the rows' dataset indices, which reward
+        errors name)."""
         groups = [self.group(row, sampling_seed(cfg.seed, step, first_index + i, round_index), cfg.num_generations,
                              llm.engine.max_model_len) for i, row in enumerate(rows)]
         pending: list = [None] * len(rows)
 
         def score(g: int) -> None:
             if runner.rewards:
-                pending[g] = runner.submit(*_reward_inputs(rows[g], groups[g]))
+                row = g if row_ids is None else row_ids[g]
+                pending[g] = runner.submit(*_reward_inputs(rows[g], groups[g]), [row] * len(groups[g]))
 
         stats = self.play(llm, groups, on_group_done=score)
         generated = time.perf_counter()

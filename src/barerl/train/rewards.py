@@ -11,15 +11,16 @@ Design decisions:
   dict form adds `weight`, `name` and keyword arguments for the function. A `Reward` keeps the *spec*, not the
   loaded function, so it pickles: worker processes load the function themselves (spawn-safe, file-path rewards
   included).
-- Output checking is strict, never a silent 0: a reward that raises, returns something other than a
-  list of numbers/None, or the wrong number of values raises `RewardError` naming the reward.
+- Output checking is strict, never a silent 0: a reward that raises, lacks a column it needs, returns
+  something other than a list of numbers/None, the wrong number of values, or an infinite value raises
+  `RewardError` naming the reward, the dataset row and what was wrong (worded in `reward_errors`).
 - `None` (or NaN) means "not applicable to this sample", as in TRL: the weighted sum over reward
   functions skips it (nan-aware). A row where every reward is None gets total 0 and a warning.
 - `RewardRunner` runs each reward function as one task in a pool of spawned worker processes, so
-  rewards that execute code or call out overlap with generation and cannot hang the trainer: each call
-  must finish within `timeout` seconds of `submit`, else the pool is killed and `RewardError` names the
-  reward. With `num_workers=0` rewards run in a thread of this process (no isolation; a timed-out call
-  is abandoned, not killed).
+  rewards that execute code or call out overlap with generation and cannot hang the trainer: once the
+  trainer waits for a call, it must finish within `timeout` seconds, else the pool is killed and
+  `RewardError` names the reward. With `num_workers=0` rewards run in a thread of this process (no
+  isolation; a timed-out call is abandoned, not killed).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import multiprocessing
 import numbers
 import re
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,11 +39,13 @@ from multiprocessing.pool import ThreadPool
 import numpy as np
 
 from barerl.train.code_reward import code_tests
+from barerl.train.interrupts import ignore_sigint
 from barerl.train.math_grading import grade
+from barerl.train.reward_errors import describe_rows, signature_problem, where_raised
 from barerl.train.specs import load_object
 
 
-class RewardError(Exception):
+class RewardError(ValueError):
     """A reward function could not be loaded, raised, timed out, or returned something unusable."""
 
 
@@ -166,26 +168,40 @@ def load_rewards(specs, weights: Sequence[float] | None = None) -> list[Reward]:
 
 
 def _call_reward(reward: Reward, prompts, completions, columns: dict):
-    """Run one reward function; returns ("ok", values) or ("error", message). Runs in workers too."""
+    """Run one reward function; returns ("ok", values) or ("error", what went wrong). Runs in workers too."""
     try:
-        output = reward.function()(prompts=prompts, completions=completions, **columns)
+        fn = reward.function()
+        problem = signature_problem(fn, columns)
+        if problem is not None:
+            return "error", problem
+        output = fn(prompts=prompts, completions=completions, **columns)
         return "ok", output.tolist() if isinstance(output, np.ndarray) else output
     except Exception as e:  # noqa: BLE001 -- user code may raise anything; reported with the reward named
-        return "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+        return "error", f"raised {type(e).__name__}: {e} (at {where_raised(e)})"
 
 
-def check_reward_output(name: str, output, num_completions: int) -> list[float]:
-    """Validate a reward's output; None becomes NaN ("not applicable")."""
+def check_reward_output(name: str, output, prompts: list, row_ids: list[int] | None = None) -> list[float]:
+    """Validate a reward's output for `prompts` (one per completion; `row_ids` their dataset rows, default
+    0, 1, ...); None becomes NaN ("not applicable")."""
+    row_ids = list(range(len(prompts))) if row_ids is None else row_ids
+
+    def bad(why: str, i: int | None = None) -> RewardError:
+        if i is None:
+            return RewardError(f"reward {name!r} on {describe_rows(row_ids, prompts)}: {why}")
+        one_row = len(set(row_ids)) == 1  # a group: say which of its completions
+        where = describe_rows([row_ids[i]], [prompts[i]]) + (f", completion {i}" if one_row else "")
+        return RewardError(f"reward {name!r} on {where}: {why}")
+
     if not isinstance(output, (list, tuple)):
-        raise RewardError(f"reward {name!r} returned {type(output).__name__}; "
-                          f"expected a list of {num_completions} floats or None")
-    if len(output) != num_completions:
-        raise RewardError(f"reward {name!r} returned {len(output)} values for {num_completions} completions")
+        raise bad(f"returned {type(output).__name__}; expected a list of {len(prompts)} floats or None")
+    if len(output) != len(prompts):
+        raise bad(f"returned {len(output)} values for {len(prompts)} completions")
     values = []
     for i, value in enumerate(output):
         if value is not None and not isinstance(value, numbers.Real):
-            raise RewardError(f"reward {name!r} returned {type(value).__name__} {value!r:.60} at index {i}; "
-                              "expected a float or None")
+            raise bad(f"returned {type(value).__name__} {value!r:.60}; expected a float or None", i)
+        if value is not None and math.isinf(value):
+            raise bad(f"returned {value}; a reward must be finite (None or NaN: no reward for this completion)", i)
         values.append(math.nan if value is None else float(value))
     return values
 
@@ -209,9 +225,9 @@ class RewardScores:
         return out
 
 
-def combine_rewards(rewards: list[Reward], outputs: list, prompts) -> RewardScores:
+def combine_rewards(rewards: list[Reward], outputs: list, prompts, row_ids: list[int] | None = None) -> RewardScores:
     per_function = np.array(
-        [check_reward_output(r.name, out, len(prompts)) for r, out in zip(rewards, outputs)], dtype=np.float64
+        [check_reward_output(r.name, out, prompts, row_ids) for r, out in zip(rewards, outputs)], dtype=np.float64
     ).T.reshape(len(prompts), len(rewards))
     weights = np.array([r.weight for r in rewards], dtype=np.float64)
     total = np.nansum(per_function * weights, axis=1)
@@ -226,26 +242,29 @@ def combine_rewards(rewards: list[Reward], outputs: list, prompts) -> RewardScor
 class PendingRewards:
     """Rewards submitted to a `RewardRunner`; `result()` waits for them."""
 
-    def __init__(self, runner: RewardRunner, handles: list, prompts):
-        self._runner, self._handles, self._prompts = runner, handles, prompts
-        self._deadline = None if runner.timeout is None else time.monotonic() + runner.timeout
+    def __init__(self, runner: RewardRunner, handles: list, prompts, row_ids: list[int] | None):
+        self._runner, self._handles, self._prompts, self._row_ids = runner, handles, prompts, row_ids
 
     def done(self) -> bool:
         return all(h.ready() for h in self._handles)
 
     def result(self) -> RewardScores:
+        timeout = self._runner.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout  # from when the trainer waits
+        where = describe_rows(self._row_ids or list(range(len(self._prompts))), self._prompts)
         outputs = []
         for reward, handle in zip(self._runner.rewards, self._handles):
-            remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
                 status, value = handle.get(remaining)
             except multiprocessing.TimeoutError:
                 self._runner._kill_workers()
-                raise RewardError(f"reward {reward.name!r} timed out after {self._runner.timeout}s") from None
+                raise RewardError(f"reward {reward.name!r} on {where}: timed out, no result within reward_timeout="
+                                  f"{timeout:g}s (make it faster or raise reward_timeout)") from None
             if status == "error":
-                raise RewardError(f"reward {reward.name!r} raised {value}")
+                raise RewardError(f"reward {reward.name!r} on {where}: {value}")
             outputs.append(value)
-        return combine_rewards(self._runner.rewards, outputs, self._prompts)
+        return combine_rewards(self._runner.rewards, outputs, self._prompts, self._row_ids)
 
 
 class RewardRunner:
@@ -265,20 +284,23 @@ class RewardRunner:
     def _executor(self):
         if self._pool is None:
             spawn = multiprocessing.get_context("spawn")
-            self._pool = spawn.Pool(self.num_workers) if self.num_workers > 0 else ThreadPool(1)
+            self._pool = spawn.Pool(self.num_workers, ignore_sigint) if self.num_workers > 0 else ThreadPool(1)
         return self._pool
 
-    def submit(self, prompts: list, completions: list, columns: dict | None = None) -> PendingRewards:
+    def submit(self, prompts: list, completions: list, columns: dict | None = None,
+               row_ids: list[int] | None = None) -> PendingRewards:
+        """`row_ids`: the dataset row of each completion, for messages (default: 0, 1, ...)."""
         columns = columns or {}
-        for key, values in columns.items():
+        for key, values in [*columns.items(), ("row_ids", row_ids or prompts)]:
             if len(values) != len(prompts):
                 raise RewardError(f"column {key!r} has {len(values)} values for {len(prompts)} prompts")
         pool = self._executor()
         handles = [pool.apply_async(_call_reward, (r, prompts, completions, columns)) for r in self.rewards]
-        return PendingRewards(self, handles, prompts)
+        return PendingRewards(self, handles, prompts, row_ids)
 
-    def __call__(self, prompts: list, completions: list, columns: dict | None = None) -> RewardScores:
-        return self.submit(prompts, completions, columns).result()
+    def __call__(self, prompts: list, completions: list, columns: dict | None = None,
+                 row_ids: list[int] | None = None) -> RewardScores:
+        return self.submit(prompts, completions, columns, row_ids).result()
 
     def _kill_workers(self):
         """Worker processes are killed; a thread (num_workers=0) cannot be, and is left to finish."""

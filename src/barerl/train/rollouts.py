@@ -20,6 +20,7 @@ from barerl.engine.sampling_params import SamplingParams
 from barerl.train.data import Example, PackedBatch, encode_prompt, is_conversational
 from barerl.train.episode_metrics import EpisodeStats
 from barerl.train.losses import group_advantages, zero_std_groups
+from barerl.train.preflight import check_prompt_fits
 from barerl.train.rewards import RewardRunner, RewardScores
 
 
@@ -94,14 +95,18 @@ def sampling_seed(seed: int, step: int, index: int, round_index: int = 0) -> int
 
 
 def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: RewardRunner,
-                      round_index: int = 0, first_index: int = 0) -> Rollouts:
+                      round_index: int = 0, first_index: int = 0, row_ids: list[int] | None = None) -> Rollouts:
     """Sample cfg.num_generations completions for each row's prompt and score them; `first_index`: the first
-    row's index in the whole round (its sampling seed's), where several processes share the round.
+    row's index in the whole round (its sampling seed's), where several processes share the round; `row_ids`:
+    the rows' indices in the dataset, which reward errors name.
 
     Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
     in worker processes are computed while the engine is still generating the other groups."""
     start = time.perf_counter()
     prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
+    if cfg.max_prompt_length is None:  # else check_positions covered every prompt
+        for i, ids in enumerate(prompt_ids):
+            check_prompt_fits(len(ids), i if row_ids is None else row_ids[i], cfg, llm.model.cfg.max_position_embeddings)
     params = [
         SamplingParams.from_filter(cfg.sampling_filter, n=cfg.num_generations, max_tokens=cfg.max_completion_length,
                                    logprobs=True, seed=sampling_seed(cfg.seed, step, first_index + i, round_index))
@@ -112,7 +117,8 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     def score_group(i: int, output) -> None:
         groups[i] = _group(rows[i], prompt_ids[i], output)
         g = groups[i]
-        g["pending"] = runner.submit(g["prompts"], g["completions"], g["columns"])
+        row = i if row_ids is None else row_ids[i]
+        g["pending"] = runner.submit(g["prompts"], g["completions"], g["columns"], [row] * len(g["prompts"]))
 
     llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, on_finished=score_group)
     generated = time.perf_counter()

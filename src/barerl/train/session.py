@@ -3,7 +3,9 @@ checkpoints and resume.
 
 A `TrainingSession` owns the mutable training state. The loops own only their data flow. Resuming restores
 everything a step depends on (weights, optimizer moments, step count, data position; sampling seeds are
-derived from (seed, step)), so a resumed run takes the same next steps as one never stopped.
+derived from (seed, step)), so a resumed run takes the same next steps as one never stopped. A SIGINT or
+SIGTERM (train/interrupts.py) makes the next `should_save` true and `save` raise `TrainingInterrupted` once
+the checkpoint is written; in an `abandonable` phase the session saves the last finished step at once.
 Started as several processes (`mpirun`, `srun`), it holds the job's `DataParallel`: each process takes its
 GPU, its optimizer shard and its share of every step; rank 0 alone writes logs and checkpoints, which every
 rank resumes from, whatever their number.
@@ -19,40 +21,29 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
+from barerl.device import resolve_auto_dtype, resolve_device
 from barerl.distributed import DataParallel, process_group
 from barerl.model.lora import add_lora, lora_config_of
 from barerl.model.model import Model
 from barerl.model.peft_format import adapter_base, is_adapter, load_adapter, read_adapter, write_adapter
 from barerl.tokenizer import load_tokenizer
+from barerl.train import interrupts
 from barerl.train.metrics import MetricsLogger, SilentLogger
 from barerl.train.optimizer import AdamW
+from barerl.train.output_dir import prepare_output_dir
 from barerl.train.schedule import make_schedule
-from barerl.train.state import load_training_state, resolve_checkpoint, save_training_state
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    try:
-        import cupy
-
-        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
-    except Exception:  # noqa: BLE001 -- no cupy, no driver or no GPU all mean: run on the CPU
-        return "cpu"
-
-
-def resolve_auto_dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device == "cuda" else "float32"
+from barerl.train.state import load_training_state, save_training_state
 
 
 class TrainingSession:
     def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
         self.cfg = cfg
         group = process_group()
+        # before the model loads, so that a refused folder fails fast; rank 0 looks, every rank learns the answer
+        self.resume_from = group.on_main(lambda: prepare_output_dir(cfg), "output_dir")
         self.device = resolve_device(cfg.device) if model is None else model.device
         batch_invariant = getattr(cfg, "batch_invariant", None)  # GRPO's: set once, here, for the whole run
         if model is None:
@@ -78,22 +69,24 @@ class TrainingSession:
         self.resumed_from: Path | None = None
         self._show_progress = show_progress
         self.logger: MetricsLogger | None = None
+        self.stop = interrupts.active()  # None when the loop runs without signal handling
+        self._resumable: tuple[int, Path] | None = None  # (step, path) of the newest resumable checkpoint
 
     def resume(self) -> dict:
         """Load the checkpoint named by resume_from_checkpoint (if any); returns its data state."""
-        path = self.data_parallel.on_main(  # one checkpoint for every rank
-            lambda: resolve_checkpoint(self.output_dir, self.cfg.resume_from_checkpoint), "resume")
+        path = self.resume_from  # one checkpoint for every rank; its files' checksums were verified
         if path is None:
             return {}
         from barerl.model.checkpoint import load_checkpoint
 
         if self.model.lora is None:
-            _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp)
+            _, params = load_checkpoint(path, dtype=str(self.model.dtype.name), xp=self.model.xp, verify=False)
             self.model.params.flat[...] = params.flat
         else:  # the whole adapter buffer (a sharded optimizer restores its own shard alone); the base is `model`
             load_adapter(self.model, path, self.model.lora.config.lora_dropout)
         state = load_training_state(path, optimizer=self.optimizer)
         self.step, self.resumed_from = state.step, path
+        self._resumable = (state.step, path)
         return state.data
 
     def open_logger(self) -> MetricsLogger | SilentLogger:
@@ -104,6 +97,8 @@ class TrainingSession:
             self.output_dir, self.total_steps, report_to=self.cfg.report_to, run_name=self.cfg.run_name,
             config=dataclasses.asdict(self.cfg), start_step=self.step, show_progress=self._show_progress,
         )
+        if self.stop is not None:  # from here on a signal saves a checkpoint
+            self.stop.training = True
         return self.logger
 
     def optimizer_step(self) -> dict:
@@ -113,21 +108,69 @@ class TrainingSession:
         return {"grad_norm": metrics["grad_norm"], "learning_rate": metrics["lr"],
                 "grad_clipped": metrics["clipped"], "step_skipped": metrics["skipped"]}
 
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None and self.stop.received is not None
+
     def should_save(self) -> bool:
+        if self.stop_requested:
+            return True
         if self.cfg.save_strategy == "no":
             return False
         every = self.cfg.save_steps
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
     def save(self, data_state: dict) -> Path:
-        """Rank 0 writes the checkpoint (with the whole optimizer state); every rank gets its path."""
-        optimizer = self.data_parallel.whole_optimizer_state(self.optimizer)
-        return self.data_parallel.on_main(lambda: save_training_state(
+        """Write checkpoint-{step}; after a stop signal (also one during this save), then raise
+        TrainingInterrupted with a resumable checkpoint (see interrupts.py)."""
+        resumable = self.stop_requested or not self.cfg.save_only_model
+        path = self._write(data_state, resumable)
+        if self.stop_requested:
+            raise self._interrupted(path if resumable else self._write(data_state, resumable=True))
+        return path
+
+    def _write(self, data_state: dict, resumable: bool) -> Path:
+        """Rank 0 writes the checkpoint (with the whole optimizer state unless not `resumable`); every rank
+        gets its path."""
+        optimizer = self.data_parallel.whole_optimizer_state(self.optimizer) if resumable else None
+        path = self.data_parallel.on_main(lambda: save_training_state(
             self.output_dir, self.step, optimizer, self.schedule.state_dict(), {"seed": self.cfg.seed},
             data_state, dataclasses.asdict(self.cfg), params=self.model.params, tokenizer=self.tokenizer,
             save_total_limit=self.cfg.save_total_limit,
             write_model=None if self.model.lora is None else self._write_adapter,
         ), "checkpoint")
+        if resumable:
+            self._resumable = (self.step, path)
+        return path
+
+    @contextmanager
+    def abandonable(self, data_state: dict, release=None):
+        """A phase that a stop signal abandons at once (GRPO's rollouts): the last finished step is saved with
+        `data_state` (the data position after it), once `release()` (e.g. of the engine's KV cache) ran."""
+        if self.stop is None:
+            yield
+            return
+        try:
+            with self.stop.abandonable():
+                yield
+        except interrupts.StepAbandoned:
+            self.stop.training = False  # a second signal stops at once from here
+            if release is not None:
+                release()
+            step, path = self._resumable or (0, None)
+            if step != self.step and self.step > 0:
+                path = self._write(data_state, resumable=True)
+            raise self._interrupted(path) from None
+
+    def _interrupted(self, checkpoint: Path | None) -> interrupts.TrainingInterrupted:
+        self.finish()
+        name, signum = self.stop.signal_name, self.stop.received
+        if checkpoint is None:
+            return interrupts.TrainingInterrupted(f"{name}: stopped before the first step ended; nothing to save",
+                                                  signum, None)
+        return interrupts.TrainingInterrupted(
+            f"{name}: stopped after step {self.step} of {self.total_steps}; saved {checkpoint}\n"
+            f"resume with: {interrupts.resume_hint(checkpoint)}", signum, checkpoint)
 
     def _write_adapter(self, folder) -> None:
         base = self.cfg.model

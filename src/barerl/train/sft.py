@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from barerl.cpu_threads import on_cpu_blas_threads
 from barerl.distributed import process_group
 from barerl.model.lora import training_dropout_seed
 from barerl.tokenizer import load_tokenizer
@@ -30,8 +31,10 @@ from barerl.train.data import (
     tokenize_dataset,
     train_eval_split,
 )
+from barerl.train.interrupts import stops_on_signals
 from barerl.train.losses import sft_loss, sft_token_grad
 from barerl.train.memory_check import plan_run
+from barerl.train.preflight import require_inputs
 from barerl.train.schedule import resolve_total_steps
 from barerl.train.session import TrainingSession
 
@@ -71,9 +74,12 @@ def evaluation_loss(model, examples: list[Example], max_tokens: int, dp=None) ->
     return _mean_loss(model, pack(examples, max_tokens), dp) if examples else None
 
 
+@stops_on_signals
+@on_cpu_blas_threads
 def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | None = None,
               show_progress: bool = True) -> SFTResult:
     """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
+    require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     dataset = load_dataset(cfg.dataset, task="sft", text_field=cfg.dataset_text_field) if rows is None else None
     fmt = dataset.format if dataset is not None else _format_of(rows)

@@ -61,9 +61,12 @@ def load_object(spec: str, *, kind: str, builtins: Mapping[str, object], error: 
     else:
         try:
             module = importlib.import_module(location)
-        except ImportError as e:
-            raise error(f"{kind} {spec!r}: cannot import module {location!r}: {e}") from e
+        except Exception as e:  # a module that fails while importing is as unusable as a missing one
+            raise error(f"{kind} {spec!r}: cannot import module {location!r}: {type(e).__name__}: {e}") from e
     obj = getattr(module, name, None)
     if obj is None or not check(obj):
-        raise error(f"{kind} {spec!r}: {location} has no {what} {name!r}")
+        found = sorted(n for n, value in vars(module).items() if not n.startswith("_") and check(value)
+                       and getattr(value, "__module__", None) == module.__name__)
+        raise error(f"{kind} {spec!r}: {location} has no {what} {name!r} (it has: "
+                    f"{', '.join(found) or 'none'})")
     return obj

@@ -5,8 +5,12 @@ Layout of `output_dir/checkpoint-{step}/`:
     config.json, model.safetensors, tokenizer files ...   the model, loadable by transformers as is
                                                            (written by `barerl.model.checkpoint`)
     trainer_state/optimizer.safetensors                    flat fp32 arrays: master, exp_avg, exp_avg_sq
+                                                           (absent with save_only_model: not resumable)
     trainer_state/state.json                               step, optimizer scalars, scheduler, RNG and data
-                                                           position, the run's config, extra; written last
+                                                           position, the run's config, extra, and the size
+                                                           and SHA-256 of every other file (checked on
+                                                           resume and on load: formats/checksums.py);
+                                                           written last
 
 A LoRA run writes its adapter in PEFT's format instead of the model (adapter_config.json, naming the base
 model's path, + adapter_model.safetensors, with the tokenizer files), and its optimizer arrays are the
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from barerl.formats.atomic import atomic_folder
+from barerl.formats.checksums import file_checksums
 from barerl.formats.safetensors import read_safetensors, write_safetensors
 from barerl.model.checkpoint import write_checkpoint
 
@@ -59,6 +64,13 @@ class TrainingState:
     config: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     optimizer_step: int = 0
+    model_only: bool = False  # saved with save_only_model: no optimizer state
+    checksums: dict = field(default_factory=dict)  # relative path -> {"bytes", "sha256"} of every other file
+
+    def require_resumable(self) -> None:
+        if self.model_only:
+            raise ValueError(f"{self.path}: saved with save_only_model, it holds no optimizer state and cannot be "
+                             f"resumed; start a new run from its weights with --model {self.path}")
 
 
 def save_training_state(
@@ -78,7 +90,8 @@ def save_training_state(
 ) -> Path:
     """Write `output_dir/checkpoint-{step}` atomically and return its path.
 
-    `optimizer` is a `barerl.train.optimizer.AdamW` (or anything with the same `state_dict`); `params` is
+    `optimizer` is a `barerl.train.optimizer.AdamW` (or anything with the same `state_dict`; None: the
+    checkpoint holds no optimizer state and cannot be resumed, `save_only_model`); `params` is
     the model's working-weight `ParameterBuffer` (its `.cfg` is the model config), written in Hugging Face
     format with `tokenizer` beside it; `write_model(folder)` instead writes the model's files its own way (a
     LoRA adapter); with neither only the trainer state is written.
@@ -102,17 +115,19 @@ def save_training_state(
 def _write_trainer_state(folder: Path, step, optimizer, scheduler_state, rng_state, data_state, config,
                          extra) -> None:
     folder.mkdir()
-    opt_state = optimizer.state_dict()
-    write_safetensors(str(folder / OPTIMIZER_FILE), sorted(opt_state["arrays"].items()))
+    opt_state = optimizer.state_dict() if optimizer is not None else None
+    if opt_state is not None:
+        write_safetensors(str(folder / OPTIMIZER_FILE), sorted(opt_state["arrays"].items()))
     state = {
         "format_version": FORMAT_VERSION,
         "step": step,
-        "optimizer": {k: v for k, v in opt_state.items() if k != "arrays"},
+        "optimizer": None if opt_state is None else {k: v for k, v in opt_state.items() if k != "arrays"},
         "scheduler": scheduler_state,
         "rng": rng_state,
         "data": data_state,
         "config": config,
         "extra": extra,
+        "checksums": file_checksums(folder.parent),  # everything but this file is written by now
     }
     with open(folder / STATE_FILE, "w", encoding="utf-8") as f:  # last: its presence marks completeness
         json.dump(state, f, indent=2, default=_json_default)
@@ -190,9 +205,12 @@ def load_training_state(checkpoint_dir: str | os.PathLike, optimizer=None) -> Tr
         raise ValueError(f"{state_path}: format_version {state.get('format_version')!r}, "
                          f"this barerl reads {FORMAT_VERSION}")
     opt = state["optimizer"]
+    loaded = TrainingState(path=checkpoint_dir, step=state["step"], scheduler=state["scheduler"], rng=state["rng"],
+                           data=state["data"], config=state["config"], extra=state["extra"],
+                           optimizer_step=(opt or {}).get("step", 0), model_only=opt is None,
+                           checksums=state.get("checksums") or {})
     if optimizer is not None:
+        loaded.require_resumable()
         arrays = read_safetensors(str(checkpoint_dir / STATE_DIR / OPTIMIZER_FILE))
         optimizer.load_state_dict({**opt, "arrays": arrays})
-    return TrainingState(path=checkpoint_dir, step=state["step"], scheduler=state["scheduler"], rng=state["rng"],
-                         data=state["data"], config=state["config"], extra=state["extra"],
-                         optimizer_step=opt.get("step", 0))
+    return loaded
