@@ -108,7 +108,7 @@ def test_asking_for_math_verify_without_it_names_the_extra(monkeypatch):
     with pytest.raises(ValueError, match=r"pip install 'barerl\[math\]'"):
         grade(r"\boxed{1}", "1", "math_verify")
     with RewardRunner(load_rewards(["math_verify"]), num_workers=0) as runner, pytest.raises(
-            RewardError, match=r"reward 'math_verify' raised .*pip install 'barerl\[math\]'"):
+            RewardError, match=r"reward 'math_verify' on dataset row 0 .*raised .*pip install 'barerl\[math\]'"):
         runner([""], [r"\boxed{1}"], {"answer": ["1"]})
     assert grade(r"\boxed{2\sqrt{2}}", r"\sqrt{8}", "auto") == 0.0  # auto falls back to the built-in grader
     with pytest.raises(ValueError, match="grader must be one of"):
