@@ -159,6 +159,8 @@ def test_grpo_refuses_before_loading_the_model(tmp_path, monkeypatch, capsys):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(8)))
     monkeypatch.setattr(memory_check, "device_room", lambda: H200_ROOM)
+    monkeypatch.setattr("barerl.device.resolve_device", lambda device: device)  # a GPU, as the room says
+    monkeypatch.setattr("barerl.train.preflight.resolve_device", lambda device: device)
     monkeypatch.setattr("barerl.train.grpo.load_tokenizer", lambda path: object())
     code = cli.main(["grpo", "--model", str(model), "--dataset", str(data), "--reward_funcs", "format_tags",
                      "--device", "cuda", "--per_device_train_batch_size", "8", "--max_completion_length", "2048",
