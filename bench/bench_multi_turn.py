@@ -130,7 +130,7 @@ def make_llm(quick: bool, shape: Shape, batch_invariant: bool):
     if quick:
         model = Model.random(ModelConfig.from_dict(TINY, source="tiny"), seed=0)
         return LLM(model, max_num_seqs=seqs, max_model_len=max_model_len, num_kv_blocks=2048)
-    from bench_train_step import QWEN3_06B
+    from shapes import QWEN3_06B
 
     model = Model.random(ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape"), device="cuda",
                          dtype="bfloat16", seed=0)

@@ -247,3 +247,15 @@ def test_failing_environments_end_their_episode_not_the_run(chat_llm, chat_token
     assert [group[0].end for group in groups] == ["environment_error"] * 3
     assert errors[0] == "RuntimeError: lost the board" and "no messages" in errors[1]
     assert errors[2] == "step timed out after 0.2s"
+
+
+def test_the_cache_hit_rate_counts_only_what_an_episodes_own_earlier_turns_left(chat_llm, chat_tokenizer):
+    """Top-1 samples of one prompt are alike, so a later one's continued turn also finds blocks another sample
+    computed after its own earlier turns (the environment's reply among them): those are not counted, and the
+    rate stays a share (on the GPU it read 1.0013 before this was so)."""
+    llm = chat_llm()
+    groups = chat_episodes(chat_tokenizer, 1, 4, max_turns=3)
+    stats = play(llm, groups, top_k=1)
+    episodes = [e for g in groups for e in g]
+    assert all(e.cached_tokens <= e.reusable_tokens for e in episodes) and sum(e.reusable_tokens for e in episodes)
+    assert 0.9 <= EpisodeStats.from_episodes(episodes, stats).metrics()["engine/prefix_cache_hit_rate"] <= 1.0

@@ -75,8 +75,9 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     step_seconds: float = 0.0  # in environment steps
-    cached_tokens: int = 0  # continued turns' prompt tokens found in the prefix cache
-    reusable_tokens: int = 0  # ... of those an earlier turn left in full cached blocks
+    cached_tokens: int = 0  # continued turns' prompt tokens found in the prefix cache, of the reusable ones
+    reusable_tokens: int = 0  # continued turns' prompt tokens an earlier turn left in full cached blocks
+    turn_reusable: int = 0  # ... of the turn running now
 
     def __post_init__(self):
         if self.budget < 1:

@@ -137,7 +137,8 @@ class EpisodeLoop:
     def _continue(self, episode: Episode, computed: int) -> None:
         """The episode's next turn; `computed`: its tokens whose KV an earlier turn left in the cache."""
         block_size = self.engine.config.block_size
-        episode.reusable_tokens += computed // block_size * block_size
+        episode.turn_reusable = computed // block_size * block_size
+        episode.reusable_tokens += episode.turn_reusable
         seed = turn_seed(episode.group_seed, episode.sample_index, episode.num_turns)
         self._add([episode], episode.ids, seed, episode.room)
 
@@ -156,8 +157,8 @@ class EpisodeLoop:
         episode if that ended it."""
         request: Request = seq.request
         episode = self._turns.pop((request.request_id, seq.sample_index))
-        if episode.num_turns > 0:
-            episode.cached_tokens += request.num_cached_tokens
+        if episode.num_turns > 0:  # blocks of another episode's identical tokens may count beyond its own
+            episode.cached_tokens += min(request.num_cached_tokens, episode.turn_reusable)
         ids = seq.output_token_ids
         stop_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
         text = episode.tokens.text(ids[:-1] if stop_token else ids)
