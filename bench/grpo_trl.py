@@ -21,9 +21,11 @@ training forward over the same sequences. Peak device memory as barerl's (common
 reserved KV cache counts), torch's max reserved / allocated beside it; cold start: process start to the end
 of the first step. A run that does not fit or cannot start (vLLM's KV cache, an out-of-memory error while
 training) is recorded as such with its error (common.write_failure), and the script exits with status 1.
+`--lora-r R`: peft's LoRA adapters of rank R on every linear layer (lora_alpha 2 R, no dropout: grpo_barerl.py's
+`--lora-r`), the base frozen; TRL merges them into vLLM's copy of the weights at every sync.
 
     python bench/grpo_trl.py --model DIR [--workload R1|R2|R3|L1] [--shape SHAPE] [--vllm colocate|off]
-        [--vllm-gpu-memory-utilization F] [--steps 3] [--quick] [--out DIR]
+        [--vllm-gpu-memory-utilization F] [--lora-r R] [--steps 3] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -148,6 +150,14 @@ def trl_config(args, work: Grpo, cuda: bool):
         **vllm)
 
 
+def lora_config(rank: int):
+    """peft's adapters of grpo_barerl.py's `--lora-r`: every linear layer, lora_alpha 2 r, no dropout."""
+    import peft
+
+    return peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                           task_type="CAUSAL_LM")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a folder written by make_model.py (of the workload's shape)")
@@ -157,6 +167,8 @@ def main() -> None:
     parser.add_argument("--vllm", default="colocate", choices=("colocate", "off"))
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
                         help="default: the weights and one round's KV cache (see the module docstring)")
+    parser.add_argument("--lora-r", type=int, default=0, help="peft LoRA adapters of this rank on every linear "
+                        "layer (lora_alpha 2 r, the base frozen); 0: full-parameter training")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps; the first is a warm-up")
     parser.add_argument("--quick", action="store_true", help="short sequences (with make_model.py --quick's folder)")
     parser.add_argument("--out", default=None, help="folder for the JSON record")
@@ -184,12 +196,17 @@ def main() -> None:
                 "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization if args.vllm == "colocate" else None,
                 "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction,
                 "bf16": cuda, "weights": "bf16" if cuda else "fp32", "gradient_checkpointing": True,
-                "loss_type": "dapo", "beta": 0.0, "learning_rate": 1e-6, "micro_batch": work.micro_batch}
+                "loss_type": "dapo", "beta": 0.0, "learning_rate": 1e-6, "micro_batch": work.micro_batch,
+                "lora_r": args.lora_r}
     name = "trl-vllm" if args.vllm == "colocate" else "trl"
     label = "TRL + vLLM colocate" if args.vllm == "colocate" else "TRL, transformers generate"
     setting = (f"vLLM colocate, vllm_gpu_memory_utilization {args.vllm_gpu_memory_utilization:g}"
                if args.vllm == "colocate" else "transformers generate (use_vllm off)")
     system, packages = f"TRL {trl.__version__}", ("torch", "transformers", "trl", "vllm", "datasets")
+    if args.lora_r:
+        name, label = f"{name}-lora-r{args.lora_r}", f"{label}, peft LoRA r={args.lora_r}"
+        setting += f", peft LoRA r={args.lora_r} all-linear"
+        packages += ("peft",)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     rows = prompt_rows(tokenizer.vocab_size, work.prompts * args.steps, work.prompt_len)
     phases, ends, mismatch, cold = Phases(cuda), [], [], {}
@@ -208,7 +225,8 @@ def main() -> None:
     reward.__name__ = "cheap_reward"
     try:
         trainer = trl.GRPOTrainer(model=args.model, reward_funcs=[reward], processing_class=tokenizer, args=config,
-                                  train_dataset=datasets.Dataset.from_list(rows), callbacks=[StepEnds()])
+                                  train_dataset=datasets.Dataset.from_list(rows), callbacks=[StepEnds()],
+                                  peft_config=lora_config(args.lora_r) if args.lora_r else None)
         if args.vllm == "colocate":
             generation = trainer.vllm_generation
             generation.generate = phases.wrap(generation.generate, "generate")

@@ -62,6 +62,9 @@ STAGES = {
     # LoRA GRPO on the Qwen3-8B shape with R2's sizes: 8 x 8 completions of 4,096 tokens, micro-batches of 4
     "lora_8b": [("grpo_barerl_lora_8b", ["grpo_barerl.py", "--workload", "R2", "--shape", "qwen3-8b", "--lora-r",
                                         "16", "--steps", "2"], 480, None)],
+    "lora_8b_trl_vllm": [MAKE_8B, ("grpo_trl_vllm_lora_8b", ["grpo_trl.py", "--workload", "R2", "--shape", "qwen3-8b",
+                                                            "--model", "{model}-qwen3-8b", "--lora-r", "16",
+                                                            "--steps", "2"], 540, None)],
     # the larger workloads: one timed run each (G3 --timed 1, T2 --repeats 2, a GRPO step measured after one
     # warm-up step), so that a stage fits one 10-minute command with the folder's making
     "g3": [MAKE_4B, ("generate_barerl_g3", ["generate_barerl.py", "--workload", "G3", "--model", "{model}-qwen3-4b",
@@ -88,7 +91,8 @@ STAGES = {
 METRIC = {"G1": ("new_tok_s", True), "G2": ("new_tok_s", True), "G3": ("new_tok_s", True),
           **{name: ("step_s", False) for name in ("T1", "T2", "R1", "R2", "R3", "L1")}}
 GENERATION_PAIRS = [("barerl", "vllm"), ("barerl", "transformers-compiled"), ("barerl", "transformers-default")]
-GRPO_PAIRS = [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl")]
+GRPO_PAIRS = [("barerl", "trl-vllm"), ("barerl-batch-invariant-off", "trl-vllm"), ("barerl", "trl"),
+              ("barerl-lora-r16", "trl-vllm-lora-r16")]
 PAIRS = {  # (barerl record, peer record): settings of the same work; the first present is the principal one
     "G1": GENERATION_PAIRS, "G2": GENERATION_PAIRS, "G3": GENERATION_PAIRS,
     "T1": [("barerl-keep-none", "torch-full"), ("barerl-keep-attention", "torch-attention"),
