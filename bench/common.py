@@ -337,13 +337,21 @@ def versions(*names: str) -> dict:
     return found
 
 
+def command_line() -> str:
+    """How this script was started, its path from the repository root (the same line on every machine)."""
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parent.parent
+    shown = script.relative_to(root) if script.is_relative_to(root) else script
+    return " ".join(["python", str(shown), *sys.argv[1:]])
+
+
 def write_record(out: str | None, name: str, workload: str, system: str, label: str, settings: dict, metrics: dict,
                  packages: tuple[str, ...] = ()) -> dict:
     """One JSON record of one system's run, `<out>/<workload>-<name>.json` (what `run_all.py` reads); also
     printed as one `RECORD {...}` line, so a log alone keeps the figures. `label`: the setting in a few words."""
     record = {"workload": workload, "name": name, "system": system, "label": label, "settings": settings,
               "metrics": metrics,
-              "date": date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
+              "date": date.today().isoformat(), "command": command_line(),
               "versions": versions("numpy", "cupy-cuda13x", "cupy-cuda12x", *packages)}
     print("RECORD " + json.dumps(record), flush=True)
     if out:
