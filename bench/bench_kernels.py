@@ -246,6 +246,26 @@ def cases():
         2.5 * attn_flops,
     )
     flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=2, fwd_bn=64, bwd_warps=4, defines={})
+
+    # prefill against the paged cache, as at M1's continued turns: 64 sequences x 80 new tokens after 1,088 cached
+    seqs, new, cached, block = 64, 80, 1088, 16
+    per_seq = -(-(cached + new) // block)
+    k_cache, v_cache = rand((seqs * per_seq, block, K, D)), rand((seqs * per_seq, block, K, D))
+    tables = cupy.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
+    contexts = cupy.full(seqs, cached + new, np.int32)
+    cu_new = cupy.arange(0, seqs * new + 1, new, dtype=np.int32)
+    q_new = rand((seqs * new, H, D))
+    cache_bytes = 2 * seqs * (cached + new) * K * D * q_new.dtype.itemsize
+    prefill_flops = 4 * D * H * seqs * sum(cached + i + 1 for i in range(new))
+    for invariant in (False, True):
+        yield (
+            f"paged_attention prefill{'[batch_invariant]' if invariant else ''}",
+            f"{seqs} x {new} after {cached} cached, H{H} K{K} D{D}",
+            lambda invariant=invariant: cuda.paged_attention(q_new, k_cache, v_cache, tables, contexts, cu_new,
+                                                             D**-0.5, batch_invariant=invariant),
+            cache_bytes + 2 * q_new.nbytes,
+            prefill_flops,
+        )
     for chunk in (1024, 4096):
         yield (
             f"lm_head_backward[chunk {chunk}]",
