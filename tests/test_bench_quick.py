@@ -194,6 +194,15 @@ def test_grpo_trl_without_vllm(records, tiny_model):
     assert record(records, "R1-trl.json")["metrics"]["step_s"] > 0
 
 
+@needs("trl", "datasets", "peft")
+def test_grpo_trl_lora(records, tiny_model):
+    """The LoRA peer: peft adapters of grpo_barerl.py's `--lora-r`, named so in its record."""
+    bench("grpo_trl.py", "--quick", "--vllm", "off", "--steps", "1", "--lora-r", "16", "--model", str(tiny_model),
+          "--out", str(records))
+    data = record(records, "R1-trl-lora-r16.json")
+    assert data["settings"]["lora_r"] == 16 and "peft LoRA r=16" in data["label"] and data["metrics"]["step_s"] > 0
+
+
 @needs("trl", "datasets")
 def test_grpo_trl_r3_on_its_shape(records, tmp_path):
     """R3 on TRL at a tiny width of Qwen3-8B's shape (an untied head); a folder of another shape is refused."""
