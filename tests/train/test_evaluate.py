@@ -1,5 +1,6 @@
 """Evaluation: the pass@k estimator against hand-derived values, the scoring of given samples, and an
-evaluation through a served barerl model scoring exactly as the in-process one for the same seeds."""
+evaluation through a served barerl model scoring exactly as the in-process one for the same seeds (on the
+CPU, and on the GPU engine)."""
 
 import json
 from math import comb
@@ -105,6 +106,24 @@ def test_a_served_model_scores_as_the_in_process_engine(chat_llm, openai_server,
         s["completion"] for s in in_process.samples]
     stdout = capsys.readouterr().out
     assert f"pass@4 {in_process.pass_at_k[4]:.1%}" in stdout and "on 8 prompts x 4 samples" in stdout
+
+
+@pytest.mark.gpu
+def test_evaluation_runs_on_the_gpu_engine(chat_llm, openai_server):
+    """`evaluate` over the GPU engine (bf16, batch-invariant kernels, CUDA graphs) and over the same engine
+    served: the same samples, pass@k and rewards."""
+    pytest.importorskip("openai")
+    rows = [{"prompt": f"Prompt number {i}:"} for i in range(4)]
+    rows += [{"prompt": [{"role": "user", "content": f"Question {i}?"}]} for i in range(2)]
+    cfg = EvalConfig(n=4, temperature=1.0, max_tokens=16, seed=5, concurrency=3)
+    llm = chat_llm(device="cuda", dtype="bfloat16", batch_invariant=True)
+    assert llm.model.device == "cuda"
+    in_process = evaluate(llm, rows, [vowels], cfg)
+    with openai_server(llm) as url:
+        served = evaluate(OpenAISampler(url), rows, [vowels], cfg)
+    assert [s["completion"] for s in served.samples] == [s["completion"] for s in in_process.samples]
+    assert served.pass_at_k == in_process.pass_at_k and served.rewards == in_process.rewards
+    assert len(in_process.samples) == 24
 
 
 def test_eval_command_errors(tmp_path, capsys):
