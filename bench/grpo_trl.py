@@ -31,6 +31,7 @@ training) is recorded as such with its error (common.write_failure), and the scr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -173,6 +174,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short sequences (with make_model.py --quick's folder)")
     parser.add_argument("--out", default=None, help="folder for the JSON record")
     args = parser.parse_args()
+    if args.lora_r < 0:
+        parser.error(f"--lora-r must be 0 (full-parameter training) or a positive rank, got {args.lora_r}")
+    if args.lora_r and importlib.util.find_spec("peft") is None:
+        parser.error("--lora-r needs peft (pip install peft)")
     key, work = workload(GRPO, args.workload, args.shape, args.quick)
     check_model_folder(args.model, shape_dict(work.shape, args.quick))
 

@@ -201,6 +201,9 @@ def test_grpo_trl_lora(records, tiny_model):
           "--out", str(records))
     data = record(records, "R1-trl-lora-r16.json")
     assert data["settings"]["lora_r"] == 16 and "peft LoRA r=16" in data["label"] and data["metrics"]["step_s"] > 0
+    done = subprocess.run([sys.executable, str(BENCH / "grpo_trl.py"), "--quick", "--lora-r", "-2", "--model",
+                           str(tiny_model)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "--lora-r must be 0" in done.stderr
 
 
 @needs("trl", "datasets")
