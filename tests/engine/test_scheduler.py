@@ -105,3 +105,37 @@ def test_nothing_fits_raises():
     sched.add(make_request(9))
     with pytest.raises(RuntimeError, match="nothing fits"):
         sched.schedule()
+
+
+def run_with_lookahead(sched, num_steps):
+    """Schedule with lookahead until done, feeding token 7 to every sample; the steps of each schedule."""
+    steps_per_schedule = []
+    while sched.has_unfinished():
+        batch = sched.schedule(num_steps)
+        steps_per_schedule.append(batch.num_steps)
+        for single, _ in sched.step_batches(batch):
+            num_samples = sum(s.num_samples for i, s in enumerate(single.seqs) if single.samples(i))
+            sched.update(single, [7] * num_samples, [0.0] * num_samples)
+    return steps_per_schedule
+
+
+def test_a_sequence_near_its_end_does_not_hold_the_batch_to_single_steps():
+    sched = make_scheduler(num_blocks=128, max_model_len=128)
+    short, long = make_request(4, max_tokens=3), make_request(4, max_tokens=17)
+    sched.add(short)
+    sched.add(long)
+    # prefill (one token each), then 8 + 8 steps: short's steps past its third token are dropped
+    assert run_with_lookahead(sched, 8) == [1, 8, 8]
+    assert short.sequences[0].num_output_tokens == 3 and short.sequences[0].finish_reason == "length"
+    assert long.sequences[0].num_output_tokens == 17
+
+
+def test_lookahead_needs_a_sequence_that_takes_half_its_steps_and_positions_for_all():
+    sched = make_scheduler(num_blocks=128, max_model_len=128)
+    sched.add(make_request(4, max_tokens=4))  # 3 tokens left after prefill: fewer than half of 8
+    assert run_with_lookahead(sched, 8) == [1, 1, 1, 1]
+    sched = make_scheduler(num_blocks=128, max_model_len=10)
+    near_the_end = make_request(4, max_tokens=100)  # 6 positions left: no room for 8 steps' keys
+    sched.add(near_the_end)
+    assert run_with_lookahead(sched, 8) == [1] * 6
+    assert near_the_end.sequences[0].finish_reason == "length"

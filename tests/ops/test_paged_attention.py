@@ -225,3 +225,33 @@ def test_invariant_strided_q_view_of_a_fused_qkv(draw):
                                batch_invariant=True)
     o_train, _ = cuda.attention(q, k, v, cu, 128**-0.5)
     assert same_bits(out, o_train) == 0.0
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False], ids=["invariant", "default"])
+@pytest.mark.parametrize("heads", [(16, 8, 128), (8, 2, 64)], ids=lambda h: f"H{h[0]}K{h[1]}D{h[2]}")
+def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads, batch_invariant):
+    """A step as a continued conversation or chunked prefill makes it: some sequences' last tokens queried
+    against their cached prefix (new tokens starting mid-tile and on a tile's edge), decode rows between them.
+    Every row is bitwise its training row, in either setting (the tiled prefill kernel and the invariant decode
+    kernel), and the reference's within bf16 tolerance."""
+    import cupy
+
+    from barerl.ops import cuda
+
+    H, K, D = heads
+    lens = [1152, 700, 130, 64, 300, 2, 17]
+    new = [80, 1, 2, 64, 172, 1, 17]  # first new positions 1072 (mid-tile), 699, 128 (a tile's edge), 0, ...
+    q, k, v, cu, k_cache, v_cache, tables = packed_and_paged(draw, BF16, lens, H, K, D, BLOCK_SIZE)
+    scale = D**-0.5
+    o_train, _ = cuda.attention(q, k, v, cu, scale)
+    starts = cu.get()[:-1]
+    rows = cupy.asarray(np.concatenate([np.arange(s + n - m, s + n) for s, n, m in zip(starts, lens, new)]))
+    new_cu = cupy.asarray(np.concatenate([[0], np.cumsum(new)]).astype(np.int32))
+    contexts = cupy.asarray(np.asarray(lens, np.int32))
+    trap = poisoned((len(rows), H, D), BF16)
+    del trap
+    out = cuda.paged_attention(q[rows], k_cache, v_cache, tables, contexts, new_cu, scale,
+                               batch_invariant=batch_invariant)
+    assert same_bits(out, o_train[rows]) == 0.0
+    want = ref.paged_attention(f32(q[rows]), f32(k_cache), f32(v_cache), tables, contexts, new_cu, scale)
+    assert_close("o", out, want, BF16)

@@ -15,9 +15,11 @@ it forks into n right after its prefill. Finished sequences free their blocks at
 
 Lookahead (`schedule(num_steps=K)`, vLLM's multi-step scheduling): a decode-only batch with nothing waiting
 gets the blocks of its next K tokens at once and runs K steps in one runner call, so the host schedules once
-per K tokens. Only when every sequence can take K more tokens (max_tokens, max_model_len), none still has
-banned tokens (min_tokens) or forks, and the cache has the blocks; otherwise the step is a single one.
-Tokens drawn after a sequence stops are dropped by `update`, which the engine calls once per step taken.
+per K tokens. Only when every sequence has K more positions (max_model_len), some sequence may take at least
+half of them (max_tokens: near their ends, single steps would cost a launch per token for the whole batch,
+while steps past a sequence's max_tokens only compute tokens that are dropped), none still has banned tokens
+(min_tokens) or forks, and the cache has the blocks; otherwise the step is a single one. Tokens drawn after
+a sequence stops are dropped by `update`, which the engine calls once per step taken.
 A lookahead batch still running can be followed by its continuation (`schedule_continuation`: the same
 sequences, K more steps, blocks taken now), which the runner starts before the host records the first
 batch's tokens (vLLM's async scheduling). Those tokens are unknown then, so a continuation needs room for
@@ -134,15 +136,22 @@ class Scheduler:
         if self.waiting or not batch.is_decode_only:
             return False
         for i, seq in enumerate(batch.seqs):
-            if not batch.samples(i) or seq.num_samples != 1 or seq.banned_token_ids() or self._room(seq) < num_steps:
+            if (not batch.samples(i) or seq.num_samples != 1 or seq.banned_token_ids()
+                    or self._positions_left(seq) < num_steps):
                 return False
+        if 2 * max(self._room(seq) for seq in batch.seqs) < num_steps:
+            return False
         needed = sum(self.block_manager.num_blocks_to_append(seq, num_steps) for seq in batch.seqs)
         return needed <= self.block_manager.num_free_blocks
 
     def _room(self, seq: Sequence) -> int:
         """Tokens seq may still generate (max_tokens, max_model_len)."""
         max_tokens = seq.params.max_tokens or self.max_model_len
-        return min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+        return min(max_tokens - seq.num_output_tokens, self._positions_left(seq))
+
+    def _positions_left(self, seq: Sequence) -> int:
+        """Positions of the cache's block table left to seq (steps past its stop still write their keys)."""
+        return self.max_model_len - seq.num_tokens
 
     def schedule_continuation(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The lookahead batch after `batch`, whose tokens are not recorded yet: the same sequences for

@@ -37,6 +37,16 @@ def tensor_cores_cover(q) -> bool:
     return q.dtype != np.float32 and q.shape[2] in (64, 128)
 
 
+def forward_block_rows() -> int:
+    """Query rows per block of the forward kernels (flash_attention_forward, paged_prefill_attention)."""
+    return 16 * CONFIG["fwd_mt"] * CONFIG["fwd_warps"]
+
+
+def forward_shared_bytes(head_dim: int, dtype) -> int:
+    """Dynamic shared memory of a forward block: its Q tile and two stages of K and V tiles."""
+    return (forward_block_rows() + 4 * CONFIG["fwd_bn"]) * (head_dim + 8) * np.dtype(dtype).itemsize
+
+
 def attention_defines(dtype, head_dim: int) -> dict:
     return {
         "DTYPE": ctype(dtype),
@@ -80,10 +90,9 @@ def attention(q, k, v, cu_seqlens, scale):
     o = cupy.empty((T, H, D), q.dtype)
     lse = cupy.empty((H, T), np.float32)
     if T:
-        block_m = 16 * CONFIG["fwd_mt"] * CONFIG["fwd_warps"]
-        smem = reserve_shared_memory(kernel, (block_m + 4 * CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
+        smem = reserve_shared_memory(kernel, forward_shared_bytes(D, q.dtype))
         kernel(
-            (-(-T // block_m) + num_seqs, H),
+            (-(-T // forward_block_rows()) + num_seqs, H),
             (32 * CONFIG["fwd_warps"],),
             (
                 o,

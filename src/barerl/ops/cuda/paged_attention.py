@@ -1,22 +1,27 @@
-"""paged_attention on the GPU: split-KV ("flash-decoding") attention over the paged KV cache, and its batch-
-invariant variant.
+"""paged_attention on the GPU: split-KV ("flash-decoding") decode attention over the paged KV cache, its
+batch-invariant variant, and tiled prefill against the cache.
 
-Kernels: csrc/paged_attention.cu (split-KV); the batch-invariant variant's kernel is in csrc/attention.cu, beside
-the training forward's tile code that it runs (a query row goes through the same operations in both).
+Kernels: csrc/paged_attention.cu (split-KV); the batch-invariant decode kernel and the tiled prefill kernel are
+in csrc/attention.cu, beside the training forward's tile code that they run (a query row goes through the same
+operations in all three).
 
 Design decisions:
-- One kernel serves decode and prefill: a CTA takes one query token, the GROUP query heads of one kv head (so
-  each K/V byte is read once per query token) and one of `num_splits` even parts of the keys that token sees.
-  Decode (T == S, known from shapes alone) skips the search for each token's sequence. Prefill re-reads a
-  sequence's keys once per query token (from L2 mostly): correct and simple; a tiled tensor-core prefill
-  kernel would read them once per tile.
+- Decode (T == S, known from shapes alone, so no host sync) takes the split-KV kernel, or with `batch_invariant`
+  the invariant one. A CTA of the split-KV kernel takes one query token, the GROUP query heads of one kv head
+  (so each K/V byte is read once per query token) and one of `num_splits` even parts of the keys it sees.
+- Anything else (chunked prefill, prefix-cache hits, continued conversations, decode rows mixed in) runs as
+  training does, in either setting: sequences with several new tokens through paged_prefill_attention (tiles
+  of query rows at training's positions, so each key is read once per tile and a row is bitwise its training
+  row), single new tokens through the invariant decode kernel. The split-KV kernel read a sequence's keys once
+  per query token: a 64-token turn after 1,088 cached tokens cost 94.4 ms against 16.6 ms fresh (docs/LOG.md).
 - num_splits depends only on shapes (T, K, the block table's width), never on context_lens' values, so a
   launch is the same in every replay of a CUDA graph: enough CTAs to give every SM several, each part at
   least _MIN_SPLIT_TOKENS long for the widest possible context. Parts past a short context are empty.
-- The cache's geometry (kv heads, block size) is compiled in, one build per model and block size, so a key's
-  address costs no division: the loop was issue-bound as much as memory-bound (docs/LOG.md, 1648e5b).
-- Shapes the kernel does not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
-  heads per kv head) run the reference code on the same CuPy arrays.
+- The split kernel's cache geometry (kv heads, block size) is compiled in, one build per model and block size,
+  so a key's address costs no division: the loop was issue-bound as much as memory-bound (docs/LOG.md, 1648e5b).
+- Shapes the kernels do not cover (head_dim not a multiple of 16 bytes / over 32 vectors, more than 16 query
+  heads per kv head; fp32 for the tensor-core kernels) run the split kernel, else the reference code on the same
+  CuPy arrays.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import numpy as np
 
 from barerl.ops import ref
 from barerl.ops.cuda.attention import CONFIG as ATTENTION_CONFIG
-from barerl.ops.cuda.attention import LOG2E, attention_defines, tensor_cores_cover
+from barerl.ops.cuda.attention import (LOG2E, attention_defines, forward_block_rows, forward_shared_bytes,
+                                       tensor_cores_cover)
 from barerl.ops.cuda.build import ctype, load_kernel
 from barerl.ops.cuda.kv_cache import token_stride
 from barerl.ops.cuda.launch import contiguous, multiprocessors, require, reserve_shared_memory
@@ -81,12 +87,20 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_
     q (T, H, D) packed by cu_seqlens_q (S+1,); caches (num_blocks, block_size, K, D); block_tables
     (S, max_blocks) int32; context_lens (S,) counts cached tokens including the new ones. Returns o (T, H, D)
     in q's dtype (the contract of ops.ref.paged_attention). `batch_invariant`: a token's output is bitwise
-    the one `attention` gives it in its packed sequence, whatever else is in the batch (the kernel of
-    attention.cu that shares the training forward's tile code); else the split-KV kernel of
-    paged_attention.cu.
+    the one `attention` gives it in its packed sequence, whatever else is in the batch; so is every output of a
+    step that is not pure decode, in either setting (the kernels of attention.cu that share the training
+    forward's tile code). Pure decode without it takes the split-KV kernel of paged_attention.cu.
     """
-    run = _paged_attention_invariant if batch_invariant else _paged_attention_split
-    return run(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    decode = q.shape[0] == cu_seqlens_q.shape[0] - 1
+    if not _tiles_cover(q, k_cache) or (decode and not batch_invariant):
+        return _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    return _paged_attention_tiled(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+
+
+def _tiles_cover(q, k_cache) -> bool:
+    """Whether the tensor-core kernels of attention.cu take these inputs (16 query heads per kv head at most)."""
+    H, K = q.shape[1], k_cache.shape[2]
+    return tensor_cores_cover(q) and k_cache.dtype == q.dtype and H % K == 0 and H // K <= 16
 
 
 def _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
@@ -123,20 +137,18 @@ def _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_s
     return out
 
 
-def _paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
+def _paged_attention_tiled(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale):
     """`paged_attention` (same contract) whose output for a query token is bitwise the one `attention` gives
-    that token in its packed sequence, whatever else is in the batch: the decode side of batch-invariant
-    rollouts (engine and trainer compute the same log-probs). One warp per (token, kv head) walks all the
-    token's keys (no split), so it suits many sequences (rollouts), not one long one. Inputs the tensor-core
-    kernels do not cover (fp32, other head sizes) take the ordinary paged kernel."""
+    that token in its packed sequence, whatever else is in the batch: engine and trainer compute the same
+    log-probs. Sequences with one new token: one warp per (sequence, kv head) walks all the token's keys (no
+    split), suited to many sequences (rollouts), not one long one. Sequences with several (unless the step is
+    pure decode): tiles of query rows as in training (paged_prefill_attention)."""
     import cupy
 
     T, H, D = q.shape
     _, block_size, K, _ = k_cache.shape
-    if not (tensor_cores_cover(q) and k_cache.dtype == q.dtype and H // K <= 16):
-        return _paged_attention_split(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
-    require(H % K == 0 and k_cache.shape[3] == D and v_cache.shape == k_cache.shape,
-            f"paged_attention_invariant: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+    require(k_cache.shape[3] == D and v_cache.shape == k_cache.shape,
+            f"paged_attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
     i32 = np.int32
     q, q_stride, block_tables, context_lens, cu_seqlens_q = paged_inputs(q, block_tables, context_lens,
                                                                          cu_seqlens_q)
@@ -144,13 +156,18 @@ def _paged_attention_invariant(q, k_cache, v_cache, block_tables, context_lens, 
     if T == 0:
         return out
     S, max_blocks = block_tables.shape
-    require(T <= MAX_QUERY_TOKENS, f"paged_attention: {T} query tokens in one call, more than a grid holds "
-            f"({MAX_QUERY_TOKENS}): lower the engine's max_num_batched_tokens")
-    kernel = load_kernel("attention.cu", "paged_attention_invariant", attention_defines(q.dtype, D))
+    decode = T == S
+    defines = attention_defines(q.dtype, D)
+    tables = (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)
+    geometry = (i32(H), i32(K), i32(block_size), i32(max_blocks))
+    if not decode:
+        prefill = load_kernel("attention.cu", "paged_prefill_attention", defines)
+        smem = reserve_shared_memory(prefill, forward_shared_bytes(D, q.dtype))
+        prefill((-(-T // forward_block_rows()) + 2 * S, H), (32 * ATTENTION_CONFIG["fwd_warps"],),
+                (*tables, i32(S), *geometry, np.int64(q_stride), np.float32(scale * LOG2E)), shared_mem=smem)
+    single = load_kernel("attention.cu", "paged_attention_invariant", defines)
     # Q and a ring of 3 K/V tiles
-    smem = reserve_shared_memory(kernel, (16 + 3 * ATTENTION_CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
-    kernel((K, T), (32,),
-           (out, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, i32(S), i32(H), i32(K),
-            i32(block_size), i32(max_blocks), i32(T == S), np.int64(q_stride), np.float32(scale * LOG2E)),
+    smem = reserve_shared_memory(single, (16 + 3 * ATTENTION_CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
+    single((K, S), (32,), (*tables, *geometry, i32(decode), np.int64(q_stride), np.float32(scale * LOG2E)),
            shared_mem=smem)
     return out

@@ -1,8 +1,9 @@
 // FlashAttention-2 for packed causal variable-length sequences with grouped-query heads (bf16/fp16 only).
 // Reference twin: ops/ref/attention.py (attention, attention_backward).
 // Launchers: ops/cuda/attention.py; tests: tests/ops/test_attention.py.
-// Also the decode kernel paged_attention_invariant (ops.paged_attention(batch_invariant=True), launched from
-// ops/cuda/paged_attention.py): it runs this file's forward tile code, so a query row's arithmetic is the same.
+// Also the paged-cache kernels paged_attention_invariant (single new tokens) and paged_prefill_attention (several
+// per sequence), launched from ops/cuda/paged_attention.py: they run this file's forward tile code, so a query
+// row's arithmetic is the same as in training.
 // Dtypes: __nv_bfloat16 __half
 //
 // Math:    per sequence, head h (kv head h / (H / K)): S = Q K^T * scale, causal; P = softmax(S);  O = P V;
@@ -23,7 +24,6 @@
 //          (cp.async, two stages) while the current one is used. Dynamic shared memory (> 48 KiB).
 // Accumulation: all products in fp32 (mma.sync m16n8k16), P and dS rounded to DTYPE as mma operands.
 #include "mma.cuh"
-#include "sequences.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -94,13 +94,14 @@ __device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
 #endif
 }
 
-// ROWS x D tile of rows row0.. (sequence-local) of a strided matrix into shared memory; rows >= len are zeros.
+// ROWS x D tile of rows row0.. (sequence-local) of a strided matrix into shared memory; rows < 0 or >= len are
+// zeros (a paged prefill's tile starts before its first new token).
 template <int ROWS, int NTHREADS>
 __device__ __forceinline__ void load_tile(scalar_t* dst, const scalar_t* base, long long stride, int row0, int len) {
     constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-        const bool valid = row0 + r < len;
+        const bool valid = row0 + r >= 0 && row0 + r < len;
         cp_async16(dst + r * LD + col, base + (valid ? (long long)(row0 + r) * stride : 0) + col, valid ? 16 : 0);
     }
 }
@@ -245,29 +246,55 @@ __device__ __forceinline__ void attend_tile(float (&acc)[MT][D / 8][4], float (&
     accumulate_pv<MT>(acc, s, v_tile, lane);
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forward(
-    scalar_t* __restrict__ o, float* __restrict__ lse, const scalar_t* __restrict__ q,
-    const scalar_t* __restrict__ k, const scalar_t* __restrict__ v, const int* __restrict__ cu_seqlens,
-    int num_seqs, int num_heads, int num_kv_heads, long long q_stride, long long k_stride, long long v_stride,
-    int tokens, float scale_log2) {
+// Where a forward block's K and V tiles come from: the packed sequence's rows (training), or its cache slots.
+// load: the FWD_BN keys from key0 into shared memory (rows of pitch LD), zeros for keys >= len.
+struct PackedKeys {
+    const scalar_t* k;  // the sequence's first key row, at its kv head
+    const scalar_t* v;
+    long long k_stride, v_stride;
+    __device__ __forceinline__ void load(scalar_t* sk, scalar_t* sv, int key0, int len) const {
+        load_tile<FWD_BN, FWD_THREADS>(sk, k, k_stride, key0, len);
+        load_tile<FWD_BN, FWD_THREADS>(sv, v, v_stride, key0, len);
+    }
+};
+
+struct PagedKeys {
+    const scalar_t* k_cache;  // (num_blocks, block_size, K, D), at the kv head
+    const scalar_t* v_cache;
+    const int* table;  // the sequence's block table row
+    int block_size, num_kv_heads;
+    __device__ __forceinline__ void load(scalar_t* sk, scalar_t* sv, int key0, int len) const {
+        constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+        for (int c = threadIdx.x; c < FWD_BN * CHUNKS; c += FWD_THREADS) {
+            const int r = c / CHUNKS, col = (c % CHUNKS) * 8, key = key0 + r;
+            const bool valid = key < len;
+            const long long slot = valid ? (long long)table[key / block_size] * block_size + key % block_size : 0;
+            const long long offset = slot * num_kv_heads * D + col;
+            cp_async16(sk + r * LD + col, k_cache + offset, valid ? 16 : 0);
+            cp_async16(sv + r * LD + col, v_cache + offset, valid ? 16 : 0);
+        }
+    }
+};
+
+// The forward of one block of query rows, positions q0 .. q0 + FWD_BM of one sequence and head, against the
+// sequence's keys 0 .. len. Only positions first .. len are queries here (the new tokens; first = 0 in
+// training, the cached prefix's length against a paged cache): q and o point at position first's row, rows
+// before first load as zeros and are not stored. lse (at position first; nullptr for none) gets each row's
+// log-sum-exp. K/V tiles of FWD_BN keys double-buffered in shared memory by cp.async; online softmax in base 2.
+// Tiles start at multiples of FWD_BM in position, as in training, so a row meets the same key tiles in both.
+template <class Keys>
+__device__ __forceinline__ void forward_block(scalar_t* __restrict__ o, float* __restrict__ lse,
+                                              const scalar_t* __restrict__ qb, long long q_stride, int first, int q0,
+                                              int len, const Keys& keys, int num_heads, float scale_log2) {
     extern __shared__ __align__(16) unsigned char smem[];
     scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
     scalar_t* sK = sQ + FWD_BM * LD;      // 2 stages
     scalar_t* sV = sK + 2 * FWD_BN * LD;  // 2 stages
-    int start, len, tile;
-    if (!find_tile(cu_seqlens, num_seqs, FWD_BM, blockIdx.x, start, len, tile)) return;
-    tile = (len + FWD_BM - 1) / FWD_BM - 1 - tile;  // the longest rows of each sequence start first
-    const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-    const int q0 = tile * FWD_BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const scalar_t* qb = q + (long long)start * q_stride + h * D;
-    const scalar_t* kb = k + (long long)start * k_stride + kvh * D;
-    const scalar_t* vb = v + (long long)start * v_stride + kvh * D;
     const int num_tiles = (min(len, q0 + FWD_BM) + FWD_BN - 1) / FWD_BN;
 
-    load_tile<FWD_BM, FWD_THREADS>(sQ, qb, q_stride, q0, len);
-    load_tile<FWD_BN, FWD_THREADS>(sK, kb, k_stride, 0, len);
-    load_tile<FWD_BN, FWD_THREADS>(sV, vb, v_stride, 0, len);
+    load_tile<FWD_BM, FWD_THREADS>(sQ, qb, q_stride, q0 - first, len - first);
+    keys.load(sK, sV, 0, len);
     cp_async_commit();
 
     // Warp w owns query rows w * 16 MT .. + 16 MT of the tile (MT m16 tiles): every K/V fragment read from
@@ -289,10 +316,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j & 1;
-        if (j + 1 < num_tiles) {
-            load_tile<FWD_BN, FWD_THREADS>(sK + (stage ^ 1) * FWD_BN * LD, kb, k_stride, (j + 1) * FWD_BN, len);
-            load_tile<FWD_BN, FWD_THREADS>(sV + (stage ^ 1) * FWD_BN * LD, vb, v_stride, (j + 1) * FWD_BN, len);
-        }
+        if (j + 1 < num_tiles) keys.load(sK + (stage ^ 1) * FWD_BN * LD, sV + (stage ^ 1) * FWD_BN * LD,
+                                         (j + 1) * FWD_BN, len);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -318,11 +343,68 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
         for (int r = 0; r < 2; ++r) {
             const float sum = quad_total(row_sum[m][r]);
             const int row = row_a + 16 * m + 8 * r;
-            if (row >= len) continue;
-            store_row(o + ((long long)(start + row) * num_heads + h) * D, acc[m], r, t, sum);
-            if (t == 0) lse[(long long)h * tokens + start + row] = (row_max[m][r] * scale_log2 + log2f(sum)) * LN2;
+            if (row < first || row >= len) continue;
+            store_row(o + (long long)(row - first) * num_heads * D, acc[m], r, t, sum);
+            if (lse != nullptr && t == 0) lse[row - first] = (row_max[m][r] * scale_log2 + log2f(sum)) * LN2;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forward(
+    scalar_t* __restrict__ o, float* __restrict__ lse, const scalar_t* __restrict__ q,
+    const scalar_t* __restrict__ k, const scalar_t* __restrict__ v, const int* __restrict__ cu_seqlens,
+    int num_seqs, int num_heads, int num_kv_heads, long long q_stride, long long k_stride, long long v_stride,
+    int tokens, float scale_log2) {
+    int start, len, tile;
+    if (!find_tile(cu_seqlens, num_seqs, FWD_BM, blockIdx.x, start, len, tile)) return;
+    tile = (len + FWD_BM - 1) / FWD_BM - 1 - tile;  // the longest rows of each sequence start first
+    const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+    const PackedKeys keys{k + (long long)start * k_stride + kvh * D, v + (long long)start * v_stride + kvh * D,
+                          k_stride, v_stride};
+    forward_block(o + ((long long)start * num_heads + h) * D, lse + (long long)h * tokens + start,
+                  q + (long long)start * q_stride + h * D, q_stride, 0, tile * FWD_BM, len, keys, num_heads,
+                  scale_log2);
+}
+
+// Block -> (sequence, q tile) of paged_prefill_attention: the tiles of FWD_BM positions that hold a sequence's new
+// tokens, for sequences with more than one (single tokens are paged_attention_invariant's); false past the last.
+__device__ __forceinline__ bool find_prefill_tile(const int* cu_seqlens_q, const int* context_lens, int num_seqs,
+                                                  int block, int& seq, int& tile) {
+    int seen = 0;
+    for (seq = 0; seq < num_seqs; ++seq) {
+        const int num_new = cu_seqlens_q[seq + 1] - cu_seqlens_q[seq];
+        if (num_new < 2) continue;
+        const int len = context_lens[seq], first_tile = (len - num_new) / FWD_BM;
+        const int n = (len - 1) / FWD_BM - first_tile + 1;
+        if (block < seen + n) {
+            tile = first_tile + n - 1 - (block - seen);  // the longest rows of each sequence start first
+            return true;
+        }
+        seen += n;
+    }
+    return false;
+}
+
+// Prefill against a paged KV cache (chunked prefill, prefix-cache hits, continued conversations): the new tokens
+// of each sequence with more than one, as training's tiled forward computes them, keys read from the cache's
+// slots once per tile of FWD_BM queries. Rows are bitwise the rows flash_attention_forward gives the same tokens
+// in their whole sequence (same tiles, same code). Grid (tiles, H) with tiles >= the sequences' tile count
+// (the launcher uses ceil(T / FWD_BM) + 2 S); FWD_THREADS threads; the forward's dynamic shared memory.
+// q (T, H, D) with token rows q_stride apart; caches (num_blocks, block_size, K, D); out (T, H, D) dense.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) paged_prefill_attention(
+    scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
+    const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+    const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
+    int max_blocks, long long q_stride, float scale_log2) {
+    int s, tile;
+    if (!find_prefill_tile(cu_seqlens_q, context_lens, num_seqs, blockIdx.x, s, tile)) return;
+    const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+    const int start = cu_seqlens_q[s], len = context_lens[s], first = len - (cu_seqlens_q[s + 1] - start);
+    const PagedKeys keys{k_cache + kvh * D, v_cache + kvh * D, block_tables + (long long)s * max_blocks, block_size,
+                         num_kv_heads};
+    forward_block(out + ((long long)start * num_heads + h) * D, static_cast<float*>(nullptr),
+                  q + (long long)start * q_stride + h * D, q_stride, first, tile * FWD_BM, len, keys, num_heads,
+                  scale_log2);
 }
 
 constexpr int ROWS_PER_LANE = FWD_BN / 32;  // paged tiles: rows lane, lane + 32, ... of a tile per lane
@@ -363,7 +445,8 @@ __device__ __forceinline__ void copy_paged_tile(scalar_t* dst, const scalar_t* c
 // One warp per (query token, kv head). The group's query heads are rows 0.. of an m16 tile (mma rows are
 // independent); the keys go through score_tile and accumulate_pv in FWD_BN tiles from position 0, as the
 // forward's rows do, so every row sees the same operations in the same order. The keys are not split across
-// CTAs: merging parts would sum in another order. Grid (K, T).
+// CTAs: merging parts would sum in another order. Grid (K, S): one CTA row per sequence; those with more than
+// one new token (unless is_decode: one each) are left to paged_prefill_attention, which tiles their queries.
 // Pipeline: K and V tiles take turns in a ring of three shared-memory tiles (K_j, V_j, K_j+1, V_j+1, ...): V_j+1
 // is copied into K_j's place once the scores are done, K_j+2 into V_j's once P V is, so two tiles are in flight
 // while one is used, and four CTAs fit on an SM (one wave for G1's 64 sequences x 8 kv heads on 132 SMs). Each
@@ -372,16 +455,17 @@ __device__ __forceinline__ void copy_paged_tile(scalar_t* dst, const scalar_t* c
 extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
     scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
     const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
-    const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
-    int max_blocks, int is_decode, long long q_stride, float scale_log2) {
+    const int* __restrict__ cu_seqlens_q, int num_heads, int num_kv_heads, int block_size, int max_blocks,
+    int is_decode, long long q_stride, float scale_log2) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int TILE = FWD_BN * LD;  // elements of one K or V tile in shared memory
     scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
     scalar_t* ring = sQ + 16 * LD;  // three tiles; the i-th tile copied (K_j: i = 2j, V_j: i = 2j + 1) in i % 3
-    const int kvh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, g = lane >> 2;
+    const int kvh = blockIdx.x, s = blockIdx.y, lane = threadIdx.x, g = lane >> 2;
     const int group = num_heads / num_kv_heads;
-    const int s = is_decode ? t : sequence_of(cu_seqlens_q, num_seqs, t);
-    const int pos = context_lens[s] - (cu_seqlens_q[s + 1] - t);  // the token's position in its sequence
+    const int t = is_decode ? s : cu_seqlens_q[s];  // the sequence's new token
+    if (!is_decode && cu_seqlens_q[s + 1] - t != 1) return;
+    const int pos = context_lens[s] - 1;  // the token's position in its sequence
     const int len = pos + 1;                                       // keys it sees
     const int num_tiles = (len + FWD_BN - 1) / FWD_BN;
     const int* table = block_tables + (long long)s * max_blocks;
