@@ -139,3 +139,24 @@ def test_lookahead_needs_a_sequence_that_takes_half_its_steps_and_positions_for_
     sched.add(near_the_end)
     assert run_with_lookahead(sched, 8) == [1] * 6
     assert near_the_end.sequences[0].finish_reason == "length"
+
+
+def test_a_continuation_runs_on_while_one_sequence_may_take_half_its_steps():
+    sched = make_scheduler(num_blocks=128, max_model_len=128)
+    short, long = make_request(4, max_tokens=3), make_request(4, max_tokens=13)
+    sched.add(short)
+    sched.add(long)
+    step(sched)  # prefill: one token each
+    first = sched.schedule(8)
+    assert first.num_steps == 8
+    following = sched.schedule_continuation(first)  # long has 12 tokens left: 4 after first's 8, half of 8
+    assert following is not None and following.num_steps == 8 and following.seqs == first.seqs
+    for batch in (first, following):
+        for single, _ in sched.step_batches(batch):
+            sched.update(single, [7] * len(single.seqs), [0.0] * len(single.seqs))
+    assert short.sequences[0].num_output_tokens == 3 and long.sequences[0].num_output_tokens == 13
+    assert not sched.has_unfinished()
+    sched = make_scheduler(num_blocks=128, max_model_len=128)
+    sched.add(make_request(4, max_tokens=12))  # 11 left after prefill: 3 after the first 8, under half
+    step(sched)
+    assert sched.schedule_continuation(sched.schedule(8)) is None

@@ -22,9 +22,10 @@ while steps past a sequence's max_tokens only compute tokens that are dropped), 
 a sequence stops are dropped by `update`, which the engine calls once per step taken.
 A lookahead batch still running can be followed by its continuation (`schedule_continuation`: the same
 sequences, K more steps, blocks taken now), which the runner starts before the host records the first
-batch's tokens (vLLM's async scheduling). Those tokens are unknown then, so a continuation needs room for
-2K tokens per sequence; a sequence that stops in the first batch has its continued tokens dropped by `update`
-too, and the batch after that is scheduled afresh.
+batch's tokens (vLLM's async scheduling). Those tokens are unknown then, so a continuation needs 2K positions
+per sequence and one sequence that may take half of its K steps after the first batch's; a sequence that
+stops in the first batch has its continued tokens dropped by `update` too, and the batch after that is
+scheduled afresh.
 
 Stop conditions checked here are those on token ids (vLLM's order: length first, then EOS, then
 `stop_token_ids`); stop strings need text and are checked by the engine, which calls `finish`.
@@ -155,15 +156,18 @@ class Scheduler:
 
     def schedule_continuation(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The lookahead batch after `batch`, whose tokens are not recorded yet: the same sequences for
-        batch.num_steps more steps, with their blocks; None unless every one is still running with room for
-        them, nothing waits (it would be admitted next) and the cache has the blocks."""
+        batch.num_steps more steps, with their blocks; None unless every one is still running with positions
+        for them, one may take half of them (as in `schedule`), nothing waits (it would be admitted next) and
+        the cache has the blocks."""
         num_steps = batch.num_steps
         if num_steps == 1 or self.waiting:
             return None
         ahead = 2 * num_steps  # batch's own steps, then the continuation's
         for seq in batch.seqs:
-            if seq.status is not SequenceStatus.RUNNING or self._room(seq) < ahead:
+            if seq.status is not SequenceStatus.RUNNING or self._positions_left(seq) < ahead:
                 return None
+        if 2 * (max(self._room(seq) for seq in batch.seqs) - num_steps) < num_steps:
+            return None
         needed = sum(self.block_manager.num_blocks_to_append(seq, ahead) for seq in batch.seqs)
         if needed > self.block_manager.num_free_blocks:
             return None
