@@ -8,7 +8,8 @@
 #   vllm_part     move the vLLM parts that arrived in --parts (part00, part01, SHA256SUMS, assemble_and_install.sh)
 #                 out of the working tree, to /tmp/vllm-parts (they arrive one per transfer)
 #   vllm_install  join and install them into /tmp/vsite once all are there (done by any vLLM stage if needed)
-#   tests         the GPU test suite (pytest -m gpu tests; TESTS= other paths, TEST_TIMEOUT= its limit)
+#   tests         the GPU test suite (pytest -m gpu tests; TESTS= other paths, TEST_TIMEOUT= its limit; with
+#                 --wheels, bench/peer_wheels.sh's tests folder, also the tests that need the serve/eval extras)
 # Benchmark stages (bench/run_all.py's STAGES): gen_barerl gen_vllm gen_hf gen_hf_default t1 t1_tuned r1
 #   r1_trl_vllm r1_trl, lora (R1 full-parameter, then with LoRA r=16), lora_8b and lora_8b_trl_vllm (LoRA GRPO, Qwen3-8B shape,
 #   R2's sizes), and the larger workloads g3 g3_vllm t2 t2_torch r2 r2_trl_vllm r3 r3_trl_vllm l1
@@ -68,14 +69,20 @@ stage_vllm_install() {
   return $rc
 }
 
-install_wheels() {
-  [ -f /tmp/site/.installed ] && return 0
+install_wheels() {  # the wheels of --wheels not installed yet (a later command may bring others)
   [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl > /dev/null 2>&1 || { echo "no wheels in '${WHEELS}' (--wheels)"; return 1; }
+  local wheel new=()
+  for wheel in "$WHEELS"/*.whl; do
+    grep -qxF "${wheel##*/}" /tmp/site/.installed 2>/dev/null || new+=("$wheel")
+  done
+  [ ${#new[@]} -eq 0 ] && return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "$WHEELS"/*.whl && touch /tmp/site/.installed
+    "${new[@]}" && printf '%s\n' "${new[@]##*/}" >> /tmp/site/.installed
 }
 
 stage_tests() {
+  # with --wheels (bench/peer_wheels.sh's tests folder), the serving and evaluation tests run too
+  if [ -n "$WHEELS" ]; then install_wheels || return 1; export PYTHONPATH=/tmp/site:$PYTHONPATH; fi
   # shellcheck disable=SC2086
   BARERL_ERROR_LOG=$WORK/errors.tsv timeout "$(left "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu \
     ${TESTS:-tests} -p no:cacheprovider > "$WORK/tests.log" 2>&1
