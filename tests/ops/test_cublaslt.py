@@ -301,3 +301,40 @@ def test_batch_invariant_rows_have_the_same_bits_at_any_row_count(draw, lt, n, k
         assert configs and all(c["splitk"] <= 1 for c in configs)
         cublaslt.matmul(x[:rows], w, out, transb=True, beta=1.0, c=residual[:rows], batch_invariant=True)
         assert (out.view(np.uint16) == big[:rows].view(np.uint16)).all(), rows
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_deferred_tuning_spares_decode_sized_products_only(monkeypatch, decode):
+    """Inside defer_decode_tuning() (an engine step that is not pure decode) a decode-sized product does not
+    time its candidates; a larger one still does, and outside it both do."""
+    from barerl.ops.cuda import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_capturing", lambda stream: False)
+    plan, _, _ = fake_plan([10.0, 1.0], decode)
+    assert cublaslt._may_tune(plan, None)
+    with cublaslt.defer_decode_tuning():
+        assert cublaslt._may_tune(plan, None) is not decode
+        with cublaslt.defer_decode_tuning():
+            pass
+        assert cublaslt._may_tune(plan, None) is not decode  # nested scopes keep the outer one
+    assert cublaslt._may_tune(plan, None)
+
+
+@pytest.mark.gpu
+def test_a_deferred_decode_sized_product_takes_the_first_pick_and_stays_untuned(draw, lt, monkeypatch):
+    import cupy
+
+    from barerl.ops.cuda import cublaslt
+
+    x, w, residual, want = operands(draw)
+    out = cupy.empty((ROWS, N), BF16)
+    real_copies = cublaslt._cold_copies
+    monkeypatch.setattr(cublaslt, "_cold_copies", lambda b, stream: pytest.fail("timed inside the deferral"))
+    with cublaslt.defer_decode_tuning():
+        cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual)
+    assert_close("first pick", out, want, BF16)
+    plan = cublaslt._plan_for(x, w, out, False, True, residual, None, False)[0]
+    assert plan.chosen is None and plan.tuning_key not in lt.choices  # left for a decode step to tune
+    monkeypatch.setattr(cublaslt, "_cold_copies", real_copies)
+    cublaslt.matmul(x, w, out, transb=True, beta=1.0, c=residual)
+    assert plan.chosen is not None and plan.tuning_key in lt.choices

@@ -26,6 +26,7 @@ of a prefill chunk are computed and ignored. counter = index of the token being 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,10 +246,13 @@ class ModelRunner:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is released (the engine is asleep): call wake() first")
         self.copy_blocks(inputs.copy_src, inputs.copy_dst)
-        logits = self.model.forward_paged(
-            inputs.input_ids, inputs.positions, inputs.cu_seqlens_q, inputs.context_lens,
-            inputs.block_tables, inputs.slot_mapping, self.kv_cache, fresh_from=inputs.fresh_from,
-        )
+        decode = len(inputs.input_ids) == len(inputs.context_lens)  # one new token per sequence
+        # a prefill or mixed step runs once: its decode-sized products are not worth a tuning stall
+        with nullcontext() if decode else self.model.ops.defer_decode_tuning():
+            logits = self.model.forward_paged(
+                inputs.input_ids, inputs.positions, inputs.cu_seqlens_q, inputs.context_lens,
+                inputs.block_tables, inputs.slot_mapping, self.kv_cache, fresh_from=inputs.fresh_from,
+            )
         return self.sample(logits, inputs)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:

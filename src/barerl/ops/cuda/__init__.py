@@ -15,7 +15,7 @@ from barerl.ops.cuda.attention import attention, attention_backward  # noqa: F40
 from barerl.ops.cuda.dropout import dropout, dropout_backward  # noqa: F401
 from barerl.ops.cuda.embedding import embedding, embedding_backward  # noqa: F401
 from barerl.ops.cuda.kv_cache import store_kv  # noqa: F401
-from barerl.ops.cuda.linear import linear, linear_backward  # noqa: F401
+from barerl.ops.cuda.linear import defer_decode_tuning, linear, linear_backward  # noqa: F401
 from barerl.ops.cuda.lm_head import (  # noqa: F401
     lm_head_backward,
     lm_head_forward_backward,

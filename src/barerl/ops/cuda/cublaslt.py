@@ -23,7 +23,10 @@ first pick's (a wrong configuration is never kept). An in-place accumulation (c 
 size always takes the first pick: split-K algorithms summed wrongly in place there (weight gradients, H200).
 Choices persist in a JSON file per GPU and library version (CACHE_DIR), so a rerun on the machine picks the
 same algorithms: the same numbers. A product captured before its class is tuned takes the heuristic's first
-pick.
+pick, and so does an untuned decode-sized product inside `defer_decode_tuning()` (the engine's prefill and
+mixed steps), leaving the class to be tuned by a decode step: the cold search takes seconds a class, which pays
+off over a decode shape's many replays, not in a step of a few hundred rows that a conversation's next turn or a
+served request makes once (the likely cause of a 3.26 s stall in a multi-turn rollout on the H200, docs/LOG.md).
 
 Batch invariance (`matmul(..., batch_invariant=True)`): a row of a product then has the same bits whatever the
 number of rows around it, so the engine's decode products (a few rows) and the trainer's (thousands) agree.
@@ -44,6 +47,7 @@ import ctypes
 import json
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +79,7 @@ _TUNE_DECODE = True  # False: decode-sized products keep the heuristic's first p
 _DECODE_CANDIDATES = CANDIDATES  # the heuristic's first this many are timed for a decode-sized product
 _COLD_BYTES = 256 << 20  # bytes of b one cold replay cycles through: five times the H200's 50 MB L2
 _COLD_MAX_COPIES = 128  # at most this many copies of b (a small b's product is short anyway)
+_decode_tuning_deferred = False  # inside defer_decode_tuning()
 _TUNE_MARGIN = 0.03  # a candidate replaces the first pick only when this much faster: no flip-flop on noise
 _SEARCH_DECODE = True  # decode-sized products also time configurations next to their fastest candidate
 _SEARCH_ROUNDS = 2  # passes over the attributes
@@ -463,7 +468,7 @@ def matmul(a, b, out, transa: bool = False, transb: bool = False, alpha: float =
         choice = plan.chosen
     else:
         try:
-            choice = lt.algorithm(plan, None if _capturing(stream) else time_candidate)
+            choice = lt.algorithm(plan, time_candidate if _may_tune(plan, stream) else None)
         except cupy.cuda.memory.OutOfMemoryError:  # no room for the cold copies now: untuned, tried again later
             choice = plan.candidates[0]
         if scratch:  # tuned just now: give the scratch (up to a 0.6 GB LM-head gradient) back to the driver
@@ -504,6 +509,23 @@ def _cold_copies(b, stream) -> tuple[object, list[int]]:
     for ptr in copies:
         cupy.cuda.runtime.memcpyAsync(ptr, b.data.ptr, span, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
     return memory, [b.data.ptr, *copies]
+
+
+@contextmanager
+def defer_decode_tuning():
+    """Products inside take a decode-sized class's recorded choice, or the heuristic's first pick untimed and
+    unkept (see the module's docstring): for engine steps that are not pure decode."""
+    global _decode_tuning_deferred
+    before, _decode_tuning_deferred = _decode_tuning_deferred, True
+    try:
+        yield
+    finally:
+        _decode_tuning_deferred = before
+
+
+def _may_tune(plan: _Plan, stream) -> bool:
+    """Whether a product of an untuned plan may time its candidates now."""
+    return not (plan.decode and _decode_tuning_deferred) and not _capturing(stream)
 
 
 def _capturing(stream) -> bool:

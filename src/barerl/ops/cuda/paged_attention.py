@@ -32,8 +32,13 @@ import numpy as np
 
 from barerl.ops import ref
 from barerl.ops.cuda.attention import CONFIG as ATTENTION_CONFIG
-from barerl.ops.cuda.attention import (LOG2E, attention_defines, forward_block_rows, forward_shared_bytes,
-                                       tensor_cores_cover)
+from barerl.ops.cuda.attention import (
+    LOG2E,
+    attention_defines,
+    forward_block_rows,
+    forward_shared_bytes,
+    tensor_cores_cover,
+)
 from barerl.ops.cuda.build import ctype, load_kernel
 from barerl.ops.cuda.kv_cache import token_stride
 from barerl.ops.cuda.launch import contiguous, multiprocessors, require, reserve_shared_memory

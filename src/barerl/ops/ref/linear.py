@@ -6,11 +6,18 @@ The conventions every op follows (packing, fp32 arithmetic, accumulated gradient
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from barerl.ops.common import as_f32
 
-__all__ = ["linear", "linear_backward"]
+__all__ = ["defer_decode_tuning", "linear", "linear_backward"]
+
+
+def defer_decode_tuning():
+    """The GPU's products tune their algorithms (ops/cuda/cublaslt.py); the reference has nothing to defer."""
+    return nullcontext()
 
 
 def linear(x, w, bias=None, residual=None, scale=1.0, batch_invariant=False):
