@@ -4,7 +4,8 @@ math-verify's test suite lists (gold, prediction, expected verdict) cases that i
 LaTeX fractions, `\\boxed{}`, units, percentages, intervals, sets, equations, matrices, long model outputs.
 This script collects every parametrised case of that suite and grades each prediction against its gold with
 the `math_accuracy` reward (the gold as a dataset's `answer` column), once per grader, and prints the share
-of verdicts each grader reproduces; `--show builtin` lists the cases the built-in grader gets wrong. It calls
+of verdicts each grader reproduces, in all and among the pairs settled equal and not equal (a grader that
+rewards wrong answers loses the latter); `--show builtin` lists the cases the built-in grader gets wrong. It calls
 only `math_accuracy(prompts, completions, answer=..., grader=...)`, so it also measures the built-in grader
 of an older checkout (put its src/ first on PYTHONPATH, with `--graders builtin`; before the grader setting
 existed the argument was ignored and the built-in grader was the only one).
@@ -63,7 +64,11 @@ def main() -> None:
         wrong = [(test, gold, pred, expected) for test, gold, pred, expected in cases
                  if (math_accuracy(None, [pred], answer=[gold], grader=grader) == [1.0]) != expected]
         agree = len(cases) - len(wrong)
-        print(f"{grader:12s} agrees on {agree} of {len(cases)} verdicts ({agree / len(cases):.1%})")
+        equal = sum(expected for *_, expected in cases)
+        equal_wrong = sum(expected for *_, expected in wrong)
+        print(f"{grader:12s} agrees on {agree} of {len(cases)} verdicts ({agree / len(cases):.1%}): "
+              f"{equal - equal_wrong} of {equal} settled equal, "
+              f"{len(cases) - equal - (len(wrong) - equal_wrong)} of {len(cases) - equal} settled not equal")
         if grader == args.show:
             for test, gold, pred, expected in wrong:
                 print(f"  {test}: gold {gold!r:.60} pred {pred!r:.80} expected {expected}")
