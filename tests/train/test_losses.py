@@ -377,3 +377,93 @@ def test_policy_loss_on_cupy_matches_numpy():
     assert loss_g == pytest.approx(loss, rel=1e-5)
     np.testing.assert_allclose(cp.asnumpy(d_g), d, rtol=1e-4, atol=1e-7)
     assert metrics_g.keys() == metrics.keys()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TRL's delta (two-sided clipping) and top_entropy_quantile (high-entropy tokens only)
+
+
+def test_delta_hand_value_and_gradient():
+    """delta=1.25 caps seq 1's first ratio e^0.3=1.35 (A<0), where the clip alone would not: its loss is
+    1.25 * 0.7 instead of e^0.3 * 0.7, and its gradient 0. The rest is test_policy_loss_hand_value_grpo's."""
+    lp, old, adv, mask, cu = _packed_inputs()
+    loss, dlogp, _ = policy_loss(lp, old, adv, mask, cu, loss_type="grpo", epsilon=0.2, delta=1.25)
+    seq0 = (-(1.2 * 1.5) - math.exp(-0.3) * 1.5) / 2  # A > 0: the clip at 1.2 binds before delta
+    seq1 = (1.25 * 0.7 + math.exp(-0.2) * 0.7) / 2
+    assert loss == pytest.approx((seq0 + seq1) / 2, rel=1e-12)
+    # grpo weights each loss token 1/2 (its sequence's tokens) * 1/2 (sequences); dlogp = -A r w where unclipped
+    expected = [0.0, 0.0, -1.5 * math.exp(-0.3) / 4, 0.0, 0.7 * math.exp(-0.2) / 4]
+    np.testing.assert_allclose(dlogp, expected, rtol=1e-12, atol=1e-15)
+    undamped, _, _ = policy_loss(lp, old, adv, mask, cu, loss_type="grpo", epsilon=0.2)
+    assert undamped == pytest.approx(loss + (math.exp(0.3) - 1.25) * 0.7 / 4, rel=1e-12)
+
+
+@pytest.mark.parametrize("delta", [1.1, 1.4])  # below and above 1 + epsilon_high
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_delta_gradient_finite_differences(delta, level):
+    lp, old, adv, mask, cu, ref, _ = _random_batch(seed=7)
+    kwargs = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.05, "ref_logp": ref,
+              "importance_sampling_level": level, "delta": delta}
+    _, dlogp, _ = policy_loss(lp, old, adv, mask, cu, **kwargs)
+    numeric = _central_difference(lambda x: policy_loss(x, old, adv, mask, cu, **kwargs)[0], lp)
+    err = np.abs(dlogp - numeric).max()
+    assert err < 1e-7, f"max abs err {err:.3g}, rel {err / np.abs(numeric).max():.3g}"
+    if level == "token":  # the chunked gradient of the fused head agrees
+        loss = PolicyLoss(old, adv, mask, cu, dtype=np.float64, **kwargs)
+        np.testing.assert_allclose(_in_chunks(loss.token_grad, lp), dlogp, rtol=1e-12, atol=1e-15)
+
+
+# entropies of the 5 packed tokens; the loss tokens' are 0.5, 2.0, 1.0, 3.0
+ENTROPY = np.array([9.0, 0.5, 2.0, 1.0, 3.0])
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_top_entropy_quantile_hand_value(beta):
+    """q=0.5: the threshold is the 0.5-quantile of [0.5, 1, 2, 3] (linear: 1.5), so tokens 2 and 4 keep their
+    surrogate; the KL term stays on all four loss tokens and dapo still divides by four (as TRL)."""
+    lp, old, adv, mask, cu = _packed_inputs()
+    options = {"loss_type": "dapo", "epsilon": 0.2, "beta": beta, "ref_logp": _pack(REF),
+               "top_entropy_quantile": 0.5}
+    loss, dlogp, _ = policy_loss(lp, old, adv, mask, cu, entropy=ENTROPY, **options)
+    kl = sum(math.exp(r - x) - (r - x) - 1 for r, x, m in zip(_pack(REF), lp, mask) if m)
+    surrogate = -math.exp(-0.3) * 1.5 + math.exp(-0.2) * 0.7  # tokens 2 (A=1.5) and 4 (A=-0.7), unclipped
+    assert loss == pytest.approx((surrogate + beta * kl) / 4, rel=1e-12)
+    if beta == 0.0:
+        np.testing.assert_allclose(dlogp, [0, 0, -1.5 * math.exp(-0.3) / 4, 0, 0.7 * math.exp(-0.2) / 4],
+                                   rtol=1e-12, atol=1e-15)
+
+
+def test_top_entropy_quantile_edges():
+    lp, old, adv, mask, cu = _packed_inputs()
+    only_top, _, _ = policy_loss(lp, old, adv, mask, cu, entropy=ENTROPY, top_entropy_quantile=0.0)
+    assert only_top == pytest.approx(math.exp(-0.2) * 0.7 / 4, rel=1e-12)  # the highest-entropy token alone
+    every, _, _ = policy_loss(lp, old, adv, mask, cu, entropy=ENTROPY, top_entropy_quantile=1.0)
+    assert every == policy_loss(lp, old, adv, mask, cu)[0]
+    loss = PolicyLoss(old, adv, mask, cu, top_entropy_quantile=0.2)
+    assert loss.token_grad is None  # the mask needs every token's entropy before any gradient
+    with pytest.raises(ValueError, match="needs the entropy"):
+        loss(lp)
+
+
+def test_top_entropy_quantile_gradient_finite_differences():
+    lp, old, adv, mask, cu, ref, behaviour = _random_batch(seed=5)
+    entropy = np.random.default_rng(0).uniform(0, 4, lp.size)
+    kwargs = {"loss_type": "grpo", "beta": 0.05, "ref_logp": ref, "behaviour_logp": behaviour,
+              "importance_sampling_mode": "token_truncate", "top_entropy_quantile": 0.3, "entropy": entropy}
+    _, dlogp, _ = policy_loss(lp, old, adv, mask, cu, **kwargs)
+    numeric = _central_difference(lambda x: policy_loss(x, old, adv, mask, cu, **kwargs)[0], lp)
+    assert np.abs(dlogp - numeric).max() < 1e-7
+
+
+@pytest.mark.gpu
+def test_delta_and_top_entropy_quantile_on_cupy_match_numpy():
+    cp = pytest.importorskip("cupy")
+    lp, old, adv, mask, cu, ref, _ = _random_batch(seed=3)
+    entropy = np.random.default_rng(0).uniform(0, 4, lp.size).astype(np.float32)
+    options = {"loss_type": "dapo", "beta": 0.04, "delta": 1.3, "top_entropy_quantile": 0.4}
+    args = [x.astype(np.float32) for x in (lp, old, adv, mask)]
+    loss, d, _ = policy_loss(*args, cu, ref_logp=ref.astype(np.float32), entropy=entropy, **options)
+    loss_g, d_g, _ = policy_loss(*(cp.asarray(x) for x in args), cp.asarray(cu), entropy=cp.asarray(entropy),
+                                 ref_logp=cp.asarray(ref, dtype=cp.float32), **options)
+    assert loss_g == pytest.approx(loss, rel=1e-5)
+    np.testing.assert_allclose(cp.asnumpy(d_g), d, rtol=1e-4, atol=1e-7)

@@ -5,10 +5,13 @@ default, is in `--help`)."""
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 from barerl.config import ConfigError
 from barerl.distributed import process_group
 from barerl.train.config import GRPOConfig, SFTConfig, add_config_arguments, config_from_namespace
+from barerl.train.trl_names import TRLNameNotice
 
 CONFIGS = {"sft": SFTConfig, "grpo": GRPOConfig}
 
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_eval(args)
     if args.resume:
         args.resume_from_checkpoint = "latest"
-    cfg = config_from_namespace(CONFIGS[args.command], args)
+    cfg = _config(CONFIGS[args.command], args)
     if args.command == "sft":
         from barerl.train.sft import train_sft
 
@@ -50,6 +53,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"checkpoint: {result.checkpoint or 'none written (save_strategy no)'}; metrics and curves in "
           f"{result.output_dir}")
     return 0
+
+
+def _config(cls, args: argparse.Namespace):
+    """The config; each TRL name it took is noted in one line (as the warning, it would be three)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TRLNameNotice)
+        cfg = config_from_namespace(cls, args)
+    for w in caught:
+        if issubclass(w.category, TRLNameNotice) and process_group().is_main:
+            print(f"barerl {args.command}: note: {w.message}", file=sys.stderr)
+        elif not issubclass(w.category, TRLNameNotice):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
 
 
 def _run_eval(args: argparse.Namespace) -> int:

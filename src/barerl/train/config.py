@@ -7,6 +7,9 @@ Design:
   exists, so a TRL config mostly carries over. The vLLM importance-sampling options lose their `vllm_`
   prefix (the engine is ours): `importance_sampling_correction`, `importance_sampling_mode` (TRL's four
   values), `importance_sampling_cap`.
+- TRL's GRPOConfig names that barerl does not define are accepted where config keys are read (files, flags,
+  `config_from_dict`), each as train/trl_names.py's table says: renamed onto barerl's key, moot (no effect,
+  with a notice), or unsupported (TRL's default alone). `GRPOConfig(**kwargs)` stays barerl's own names.
 - One coercion path: `__post_init__` converts every field to its declared type (so "1e-6" from YAML or
   the command line becomes a float) and validates it; errors are `ConfigError`s naming the key, the
   expected type and the value. `load_config` adds where the value came from (file or --flag).
@@ -23,10 +26,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import math
 import sys
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from barerl.config import ConfigError
 from barerl.model.lora import ALL_LINEAR, TARGET_MODULES, resolve_target_modules
 from barerl.model.recompute import DEFAULT_KEEP, RECOMPUTABLE
 from barerl.model.sampling_filter import SamplingFilter, SamplingFilterError
+from barerl.train.trl_names import TRL_GRPO_NAMES, TRLName, TRLNameNotice, resolve
 
 T = typing.TypeVar("T", bound="TrainConfig")
 
@@ -239,6 +245,10 @@ class GRPOConfig(TrainConfig, EnvironmentConfig):
     # Generation
     num_generations: int = opt(8, "Completions sampled per prompt (the group size).", min=2)
     max_prompt_length: int | None = opt(512, "Prompts longer than this are truncated from the left.", min=1)
+    # opt() makes a field whose default is None, not a shared mutable default (coerce copies a given dict)
+    chat_template_kwargs: dict | None = opt(  # noqa: RUF009
+        None, "Variables for the chat template when it renders prompts and multi-turn observations (TRL's), "
+        "e.g. {\"enable_thinking\": false} for Qwen3; a JSON object on the command line.")
     max_completion_length: int = opt(256, "Maximum tokens generated per completion (multi-turn: all tokens of an "
                                      "episode after its prompt, the model's and the environment's, as TRL).", min=1)
     # the sampling distribution, validated as one SamplingFilter (the engine's and the trainer's)
@@ -273,6 +283,13 @@ class GRPOConfig(TrainConfig, EnvironmentConfig):
     epsilon: float = opt(0.2, "Lower clipping range of the importance ratio.", min=0.0)
     epsilon_high: float | None = opt(None, "Upper clipping range (None: epsilon; DAPO clip-higher uses 0.28).",
                                      min=0.0)
+    delta: float | None = opt(None, "Two-sided clipping (INTELLECT-2): the unclipped term's ratio is capped at "
+                              "delta, bounding the loss of negative-advantage tokens (None: off; TRL suggests > "
+                              "1 + epsilon_high).", gt=1.0)
+    top_entropy_quantile: float = opt(1.0, "Policy loss on the top share of each micro-batch's loss tokens by "
+                                      "entropy only (Beyond the 80/20 Rule: 0.2); 1: all tokens. Below 1 the "
+                                      "LM head's backward runs after the whole batch's forward (no fused chunks).",
+                                      min=0.0, max=1.0)
     num_iterations: int = opt(1, "Updates per generation batch (mu); old log-probs are kept for the ratio.",
                               min=1)
     importance_sampling_level: str = opt("token", "Ratio per token, or per sequence (GSPO).",
@@ -404,13 +421,21 @@ def _to_float(v) -> float:
     return float(v) if isinstance(v, (int, float)) else float(str(v).strip())
 
 
+def _to_dict(v) -> dict:
+    if isinstance(v, str):  # the command line's JSON object
+        v = json.loads(v)
+    if not isinstance(v, dict):
+        raise TypeError(v)
+    return dict(v)  # a copy: the frozen config never shares the caller's dict
+
+
 def _to_str(v) -> str:
     if isinstance(v, (list, tuple, dict)) or v is None:
         raise TypeError(v)
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, dict: _to_dict}
 
 
 def coerce_fields(config) -> None:
@@ -446,7 +471,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
 
 
 def _unknown_key(cls: type, key: str, source: str) -> ConfigError:
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls)] + list(trl_names(cls))
     close = difflib.get_close_matches(key, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return ConfigError(f"{source}: unknown key {key!r} for {cls.__name__}{hint}")
@@ -548,6 +573,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         group = groups.get(owner, own)
         group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, default=argparse.SUPPRESS,
                            **kwargs)
+    for name, entry in trl_names(cls).items():  # accepted, kept out of --help (train/trl_names.py lists them)
+        kwargs = {"nargs": "?", "const": "true"} if entry.tp is bool else {}
+        parser.add_argument(f"--{name}", help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
 
 
 def parse_overrides(cls: type, tokens: list[str]) -> dict[str, Any]:
@@ -568,7 +596,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 def config_from_namespace(cls: type[T], namespace: argparse.Namespace) -> T:
     """The config from a namespace parsed by a parser that `add_config_arguments` filled."""
-    names = {f.name for f in dataclasses.fields(cls)} | {"config"}
+    names = {f.name for f in dataclasses.fields(cls)} | set(trl_names(cls)) | {"config"}
     return _from_flags(cls, None, {k: v for k, v in vars(namespace).items() if k in names})
 
 
@@ -580,18 +608,66 @@ def config_from_argv(cls: type[T], argv: list[str], prog: str | None = None) -> 
     return load_config(cls, None, argv)
 
 
+def config_from_dict(cls: type[T], values: dict[str, Any], source: str = "arguments") -> T:
+    """The config from a mapping, read as a config file's: TRL's names as train/trl_names.py says (the
+    Python form of a TRL config; `cls(**values)` takes barerl's names alone)."""
+    return _from_sources(cls, [(source, values)])
+
+
+def trl_names(cls: type) -> dict[str, TRLName]:
+    """TRL's names that `cls` accepts besides its fields (GRPOConfig's: train/trl_names.py)."""
+    return TRL_GRPO_NAMES if issubclass(cls, GRPOConfig) else {}
+
+
 def _from_flags(cls: type[T], path: str | Path | None, flags: dict[str, Any]) -> T:
-    hints = typing.get_type_hints(cls)
     flags = dict(flags)
     path = flags.pop("config", None) or path
+    return _from_sources(cls, [(f"config file {path}", read_config_file(path) if path else {}),
+                               ("command line", flags)])
+
+
+def _from_sources(cls: type[T], sources: list[tuple[str, dict[str, Any]]]) -> T:
+    """The config from (where, raw mapping) pairs, a later one winning; TRL's names go after barerl's, so
+    that their conversions see the barerl values given with them."""
+    hints, trl = typing.get_type_hints(cls), trl_names(cls)
     values: dict[str, Any] = {}
-    for source, raw in ((f"config file {path}", read_config_file(path) if path else {}),
-                        ("command line", flags)):
+    given_in: dict[str, int] = {}  # barerl key -> index of the source that gave it
+    pending = []
+    for index, (source, raw) in enumerate(sources):
         for key, value in raw.items():
-            if key not in hints:
+            if key in trl:
+                pending.append((index, source, key, value))
+            elif key not in hints:
                 raise _unknown_key(cls, key, source)
-            try:
-                values[key] = coerce(key, value, hints[key])
-            except ConfigError as e:
-                raise ConfigError(f"{source}: {e}") from None
+            else:
+                values[key], given_in[key] = _coerce_in(source, key, value, hints[key]), index
+    for index, source, key, value in pending:
+        for name, converted in _from_trl(cls, source, key, value, values).items():
+            converted = _coerce_in(source, name, converted, hints[name])
+            if given_in.get(name, -1) > index:  # barerl's key given later (a flag over the file) wins
+                continue
+            if given_in.get(name) == index and values[name] != converted:
+                raise ConfigError(f"{source}: TRL's {key} means {name}={converted!r}, but {name} is given as "
+                                  f"{values[name]!r}: give one of them")
+            values[name], given_in[name] = converted, index
     return cls(**values)
+
+
+def _from_trl(cls: type, source: str, key: str, raw: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """TRL's key as barerl values (uncoerced), its notice warned; errors name the source."""
+    entry = trl_names(cls)[key]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    try:
+        converted, notice = resolve(key, coerce(key, raw, entry.tp), {**defaults, **values})
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    if notice:
+        warnings.warn(f"{source}: {notice}", TRLNameNotice, stacklevel=2)
+    return converted
+
+
+def _coerce_in(source: str, key: str, value: Any, tp) -> Any:
+    try:
+        return coerce(key, value, tp)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None

@@ -228,10 +228,11 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def _chat(tokenizer, messages: list[dict], add_generation_prompt: bool, **template_kwargs) -> list[int]:
     if not messages:
         return []
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        **template_kwargs)
     return list(ids)
 
 
@@ -288,11 +289,13 @@ def tokenize_dataset(dataset: Dataset, tokenizer, **options) -> list[Example]:
     return kept
 
 
-def encode_prompt(prompt, tokenizer, max_prompt_length: int | None = None) -> list[int]:
-    """A GRPO prompt's ids: chat template with the generation prompt, or the plain string (no special
-    tokens added, as TRL); truncation keeps the *last* max_prompt_length tokens, as TRL does."""
+def encode_prompt(prompt, tokenizer, max_prompt_length: int | None = None,
+                  chat_template_kwargs: dict | None = None) -> list[int]:
+    """A GRPO prompt's ids: chat template with the generation prompt (and `chat_template_kwargs` as its
+    variables, TRL's), or the plain string (no special tokens added, as TRL); truncation keeps the *last*
+    max_prompt_length tokens, as TRL does."""
     if is_conversational(prompt):
-        ids = _chat(tokenizer, prompt, True)
+        ids = _chat(tokenizer, prompt, True, **(chat_template_kwargs or {}))
     else:
         ids = list(tokenizer.encode(prompt, add_special_tokens=False))
     return ids[-max_prompt_length:] if max_prompt_length else ids

@@ -36,12 +36,13 @@ TRUNCATIONS = ("max_turns", "max_completion_length")
 class ChatTokens:
     """An episode's codec through the model's chat template: messages to ids, sampled ids to text."""
 
-    def __init__(self, tokenizer, max_prompt_length: int | None = None):
+    def __init__(self, tokenizer, max_prompt_length: int | None = None, template_kwargs: dict | None = None):
         self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
+        self.template_kwargs = template_kwargs or {}  # the template's variables (chat_template_kwargs)
 
     def prompt(self, messages: list[dict], tools: list[dict]) -> list[int]:
         """The first turn's prompt; a longer one keeps its last max_prompt_length ids (as single-turn GRPO)."""
-        ids = prompt_token_ids(self.tokenizer, messages, tools)
+        ids = prompt_token_ids(self.tokenizer, messages, tools, **self.template_kwargs)
         return ids[-self.max_prompt_length:] if self.max_prompt_length else ids
 
     def text(self, ids: Sequence[int]) -> str:
@@ -50,7 +51,8 @@ class ChatTokens:
 
     def observation(self, history: list[dict], messages: list[dict], turn_ids: Sequence[int],
                     tools: list[dict]) -> list[int]:
-        return observation_token_ids(self.tokenizer, history, messages, turn_ids=turn_ids, tools=tools)
+        return observation_token_ids(self.tokenizer, history, messages, turn_ids=turn_ids, tools=tools,
+                                     **self.template_kwargs)
 
 
 @dataclass(eq=False)

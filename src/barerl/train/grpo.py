@@ -308,7 +308,7 @@ def _micro_batch(run: TrainingSession, model: Model, tb: TrainBatch, grads, cfg:
                 seen[key].append(array)
             if tb.turns is not None:
                 seen["turn"].append(xp.asarray(tb.turns))
-        return policy(logp)
+        return policy(logp, entropy)
 
     loss, metrics = model.forward_backward(tb.batch, loss_fn, grads, cfg.sampling_filter,
                                            checkpoint=cfg.gradient_checkpointing,
@@ -327,7 +327,8 @@ def _policy_loss(xp, tb: TrainBatch, mask, engine_logp, cfg: GRPOConfig, num_ite
         max_completion_length=cfg.max_completion_length, behaviour_logp=engine_logp,
         importance_sampling_mode=cfg.importance_sampling_mode if cfg.importance_sampling_correction else None,
         importance_sampling_cap=cfg.importance_sampling_cap, num_items_in_batch=num_items,
-        num_sequences_in_batch=num_sequences, num_micro_batches=num_micro_batches,
+        num_sequences_in_batch=num_sequences, num_micro_batches=num_micro_batches, delta=cfg.delta,
+        top_entropy_quantile=cfg.top_entropy_quantile,
     )
 
 

@@ -14,6 +14,10 @@ Design decisions:
     ratio       r_t = exp(logp_t - old_t)   (token), or, GSPO, exp(masked mean over the sequence)
     surrogate   l_t = -min(r_t A_t, clip(r_t, 1 - epsilon, 1 + epsilon_high) A_t) * w_t + beta * kl_t
     kl_t        = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (k3 estimator)
+    delta       two-sided clipping (INTELLECT-2): the first r_t is min(r_t, delta)
+    top_entropy_quantile < 1: the surrogate only on loss tokens whose entropy is at least the
+                  (1 - q)-quantile of the call's loss tokens (TRL's high-entropy mask; the KL term stays
+                  on every token, and the normalisation still counts every token)
     w_t         = behaviour-policy correction (1 when off): exp(old - behaviour), per token or summed
                   over the sequence, truncated at the cap ("*_truncate") or zeroed above it ("*_mask").
   Normalisation (sum over loss tokens of l_t divided by):
@@ -251,15 +255,20 @@ class _TokenTerms(NamedTuple):
         return self.d_ratio * self.ratio + self.d_kl
 
 
-def _token_terms(xp, lp, log_ratio, adv, weights, is_weights, ref, beta, eps_low, eps_high) -> _TokenTerms:
+def _token_terms(xp, lp, log_ratio, adv, weights, is_weights, ref, beta, eps_low, eps_high,
+                 delta=None) -> _TokenTerms:
     """The loss's elementwise part over any slice of the tokens (all of them for the loss, one chunk for the
     fused head's gradient): one definition, so the two cannot disagree. ref None: no KL term or metric."""
     ratio = xp.exp(log_ratio)
     clipped_ratio = xp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    surrogate = -xp.minimum(ratio * adv, clipped_ratio * adv)
+    unclipped = ratio if delta is None else xp.minimum(ratio, delta)
+    surrogate = -xp.minimum(unclipped * adv, clipped_ratio * adv)
     low_clipped = (ratio < 1.0 - eps_low) & (adv < 0)
     high_clipped = (ratio > 1.0 + eps_high) & (adv > 0)
-    d_surrogate_d_ratio = xp.where(low_clipped | high_clipped, 0.0, -adv).astype(lp.dtype)
+    no_gradient = low_clipped | high_clipped
+    if delta is not None:  # min(r, delta) is flat above delta: A > 0 takes it there, A < 0 once above the clip
+        no_gradient = no_gradient | ((ratio > delta) & ((adv > 0) | ((adv < 0) & (ratio > 1.0 + eps_high))))
+    d_surrogate_d_ratio = xp.where(no_gradient, 0.0, -adv).astype(lp.dtype)
     per_token, d_kl, kl = surrogate * is_weights, 0.0, None
     if ref is not None:
         ref_minus_lp = ref - lp
@@ -289,7 +298,10 @@ class PolicyLoss:
     behaviour_logp (T,): the engine's sampling log-probs; with `importance_sampling_mode` (one of
         "token_truncate" (TIS), "token_mask", "sequence_truncate", "sequence_mask" (MIS)) the per-token
         loss is weighted by exp(old - behaviour), capped at `importance_sampling_cap` or zeroed above it.
-    epsilon_high defaults to epsilon (symmetric clip); DAPO's clip-higher sets it larger.
+    epsilon_high defaults to epsilon (symmetric clip); DAPO's clip-higher sets it larger. delta (None: off)
+        caps the unclipped ratio (two-sided clipping). top_entropy_quantile < 1 keeps the surrogate on the
+        high-entropy share of the loss tokens only: the call then needs `entropy` (T,), and there is no
+        token_grad (the mask needs every token's entropy first).
     dtype: of the arithmetic and of dlogp: fp32 (the model's log-probs), or fp64 (finite differences).
     """
 
@@ -313,6 +325,8 @@ class PolicyLoss:
         num_items_in_batch: float | None = None,
         num_sequences_in_batch: int | None = None,
         num_micro_batches: int = 1,
+        delta: float | None = None,
+        top_entropy_quantile: float = 1.0,
         dtype=np.float32,
     ):
         _check_policy_args(
@@ -333,8 +347,9 @@ class PolicyLoss:
         self.epsilon = (epsilon, epsilon if epsilon_high is None else epsilon_high)
         self.beta, self.level = beta, importance_sampling_level
         self.correction, self.cap = importance_sampling_mode, importance_sampling_cap
+        self.delta, self.top_entropy_quantile = delta, top_entropy_quantile
 
-    def __call__(self, logp) -> tuple[float, object, dict]:
+    def __call__(self, logp, entropy=None) -> tuple[float, object, dict]:
         if tuple(logp.shape) != tuple(self.mask.shape):
             raise ValueError(f"logp must have mask's shape {tuple(self.mask.shape)}, got {tuple(logp.shape)}")
         xp, m, seq_ids, num_seqs = self.xp, self.mask, self.seq_ids, self.num_seqs
@@ -348,8 +363,10 @@ class PolicyLoss:
         if self.correction is not None:
             is_weights, metrics = _importance_weights(xp, old, self.behaviour, m, seq_ids, num_seqs,
                                                       self.correction, self.cap)
+        if self.top_entropy_quantile < 1.0:  # a 0/1 factor on the surrogate, as the IS weight is one
+            is_weights = is_weights * self._high_entropy(entropy)
         terms = _token_terms(xp, lp, log_ratio, self.advantages, self.weights, is_weights, self.ref,
-                             self.beta, *self.epsilon)
+                             self.beta, *self.epsilon, self.delta)
         if self.level == "token":
             dlogp = terms.token_level_dlogp
         else:  # dratio_s / dlogp_u = ratio_s * m_u / n_s for every u in sequence s
@@ -362,14 +379,27 @@ class PolicyLoss:
         values = _to_floats(xp, {"loss": (self.weights * terms.per_token).sum(), **metrics})
         return values.pop("loss"), dlogp.astype(self.dtype), values
 
+    def _high_entropy(self, entropy):
+        """(T,) 1.0 on loss tokens whose entropy is at least the (1 - top_entropy_quantile)-quantile of the loss
+        tokens' entropies (linear interpolation, as torch.quantile), else 0.0."""
+        if entropy is None or tuple(entropy.shape) != tuple(self.mask.shape):
+            raise ValueError(f"top_entropy_quantile={self.top_entropy_quantile} needs the entropy of every token, "
+                             f"{tuple(self.mask.shape)}")
+        xp, on_loss = self.xp, self.mask > 0
+        entropy = xp.asarray(entropy).astype(self.dtype)
+        if not bool(on_loss.any()):
+            return xp.zeros_like(self.mask)
+        threshold = xp.quantile(entropy[on_loss], 1.0 - self.top_entropy_quantile)
+        return ((entropy >= threshold) & on_loss).astype(self.dtype)
+
     @property
     def token_grad(self) -> TokenGrad | None:
         """dlogp of a chunk of tokens, (logp[start:stop], start, stop) -> dlogp[start:stop], for the model's
         fused LM head; None where a token's gradient needs its whole sequence (GSPO's sequence ratio, a
-        sequence-level correction)."""
+        sequence-level correction) or every token's entropy (top_entropy_quantile < 1)."""
         sequence_correction = self.correction is not None and self.correction.startswith("sequence")
-        whole_sequences = self.level == "sequence" or sequence_correction
-        return None if whole_sequences else self._chunk_dlogp
+        whole_batch = self.level == "sequence" or sequence_correction or self.top_entropy_quantile < 1.0
+        return None if whole_batch else self._chunk_dlogp
 
     def _chunk_dlogp(self, logp, start: int, stop: int):
         rows = slice(start, stop)
@@ -381,14 +411,15 @@ class PolicyLoss:
                                                       self.correction, self.cap)
         ref = self.ref[rows] if self.beta != 0.0 else None  # the kl metric is the whole-batch call's
         terms = _token_terms(self.xp, lp, lp - old, self.advantages[rows], self.weights[rows], is_weights,
-                             ref, self.beta, *self.epsilon)
+                             ref, self.beta, *self.epsilon, self.delta)
         return terms.token_level_dlogp.astype(self.dtype)
 
 
-def policy_loss(logp, old_logp, advantages, mask, cu_seqlens, **options) -> tuple[float, object, dict]:
-    """`PolicyLoss(old_logp, advantages, mask, cu_seqlens, **options)(logp)`, in fp32, or in fp64 when logp is
-    fp64: (loss: float, dlogp (T,), metrics: dict of floats)."""
-    return PolicyLoss(old_logp, advantages, mask, cu_seqlens, dtype=_compute_dtype(logp), **options)(logp)
+def policy_loss(logp, old_logp, advantages, mask, cu_seqlens, entropy=None, **options) -> tuple[float, object, dict]:
+    """`PolicyLoss(old_logp, advantages, mask, cu_seqlens, **options)(logp, entropy)`, in fp32, or in fp64 when
+    logp is fp64: (loss: float, dlogp (T,), metrics: dict of floats)."""
+    loss = PolicyLoss(old_logp, advantages, mask, cu_seqlens, dtype=_compute_dtype(logp), **options)
+    return loss(logp, entropy)
 
 
 def _clip_metrics(xp, low, high, m, seq_ids, num_seqs, tokens_per_seq, level):

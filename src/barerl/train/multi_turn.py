@@ -66,7 +66,7 @@ class MultiTurnRollouts:
         self.tool_pool = WorkerPool(cfg.tool_num_workers, "barerl-tool")
         self.steps = WorkerPool(num_episodes, "barerl-env")
         self.factory = load_environment_factory(cfg, pool=self.tool_pool)
-        self.tokens = ChatTokens(tokenizer, cfg.max_prompt_length)
+        self.tokens = ChatTokens(tokenizer, cfg.max_prompt_length, cfg.chat_template_kwargs)
         self.sampling = SamplingParams.from_filter(cfg.sampling_filter, max_tokens=cfg.max_tokens_per_turn)
 
     def close(self) -> None:

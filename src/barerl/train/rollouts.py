@@ -103,7 +103,8 @@ def generate_rollouts(llm, tokenizer, rows: list[dict], cfg, step: int, runner: 
     Each prompt's group goes to the reward runner the moment its last sample finishes, so rewards that run
     in worker processes are computed while the engine is still generating the other groups."""
     start = time.perf_counter()
-    prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length) for row in rows]
+    prompt_ids = [encode_prompt(row["prompt"], tokenizer, cfg.max_prompt_length, cfg.chat_template_kwargs)
+                  for row in rows]
     if cfg.max_prompt_length is None:  # else check_positions covered every prompt
         for i, ids in enumerate(prompt_ids):
             check_prompt_fits(len(ids), i if row_ids is None else row_ids[i], cfg, llm.model.cfg.max_position_embeddings)

@@ -1,0 +1,259 @@
+"""TRL's GRPOConfig names that barerl's GRPOConfig does not define, so that a TRL config carries over.
+
+Every name of TRL 1.16's GRPOConfig is either a field of barerl's GRPOConfig (same name, same meaning) or
+an entry here, of one of three kinds:
+- RENAMED: the setting exists in barerl under another name or form; the value is taken, with a notice
+  naming barerl's key (`vllm_importance_sampling_mode` -> `importance_sampling_mode`).
+- MOOT: a setting of machinery barerl does not have (a separate vLLM, DeepSpeed, padding); accepted, with a
+  notice saying why it changes nothing. A value that asks for something barerl does not do (a vLLM server,
+  tensor parallelism) is a ConfigError saying what barerl does instead.
+- UNSUPPORTED: a feature barerl lacks (SAPO, entropy bonus, ...). TRL's default is accepted silently, so a
+  config that copies TRL's defaults loads; any other value is a ConfigError naming the feature.
+
+The table is data: `GRPOConfig`'s loading (train/config.py) coerces a value to the entry's type, then
+`resolve` turns it into barerl values and a notice, or an error; the loader warns each notice as a
+`TRLNameNotice` (one line). Where a TRL key and barerl's key it maps onto are given in the same place
+with different values, the loader refuses both; a later place (the command line over the file) wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from barerl.config import ConfigError
+
+RENAMED, MOOT, UNSUPPORTED = "renamed", "moot", "unsupported"
+
+Values = Mapping[str, Any]  # the config as given so far: explicit values over the defaults
+
+
+class TRLNameNotice(UserWarning):
+    """A TRL config key was taken under barerl's name, or accepted without effect."""
+
+
+@dataclass(frozen=True)
+class TRLName:
+    kind: str  # RENAMED, MOOT or UNSUPPORTED
+    tp: Any  # the type of TRL's field, as barerl's coercion reads it
+    default: Any  # TRL's default; bool defaults make bare `--name` flags mean true
+    why: str  # renamed: barerl's key; moot: why it has no effect; unsupported: what barerl lacks / offers
+    # renamed: (value, config) -> barerl values (None: `why` names the one barerl key that takes the value)
+    convert: Callable[[Any, Values], dict] | None = None
+    # moot: (value, config) -> None, or the error for a value barerl cannot honour;
+    # unsupported: (value, config) -> whether the value is accepted (None: TRL's default alone)
+    check: Callable[[Any, Values], Any] | None = None
+
+
+def renamed(target: str, tp, default, convert=None) -> TRLName:
+    return TRLName(RENAMED, tp, default, target, convert)
+
+
+def moot(why: str, tp, default, refuses=None) -> TRLName:
+    return TRLName(MOOT, tp, default, why, check=refuses)
+
+
+def unsupported(why: str, tp, default, accepts=None) -> TRLName:
+    return TRLName(UNSUPPORTED, tp, default, why, check=accepts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Conversions and refusals that need more than a rename
+
+
+def _max_turns(value, config: Values) -> dict:
+    if value is None:  # TRL: no limit but max_completion_length; barerl's episodes always have one
+        return {}
+    return {"max_turns": value + 1}  # TRL counts tool-calling rounds after the first model turn
+
+
+def _log_completions_steps(value, config: Values) -> dict:
+    return {"log_completions_steps": config["logging_steps"] if value else 0}  # TRL logs every logging_steps
+
+
+def _no_dropout(value, config: Values) -> dict:
+    return {"lora_dropout": 0.0} if value else {}  # LoRA's dropout is the only dropout barerl's model has
+
+
+def _no_cap(value, config: Values) -> dict:
+    if value is None:
+        raise ConfigError("vllm_importance_sampling_clip_max=None: barerl's correction always has a cap "
+                          "(importance_sampling_cap); turn it off with importance_sampling_correction: false")
+    return {"importance_sampling_cap": value}
+
+
+def _deprecated_cap(value, config: Values) -> dict:
+    return {} if value is None else {"importance_sampling_cap": value}
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def _generation_kwargs(value, config: Values) -> dict:
+    other = sorted(set(value or {}) - set(_SAMPLING_KEYS))
+    if other:  # the trainer's log-probs must come from the distribution the engine samples from
+        raise ConfigError(f"generation_kwargs {other}: barerl's engine samples with {', '.join(_SAMPLING_KEYS)} "
+                          "(the trainer's log-probs use the same distribution) and takes no other generation "
+                          "options; set those keys at the top level")
+    return dict(value or {})
+
+
+_MODEL_KWARGS_MOOT = ("attn_implementation", "device_map", "use_cache", "low_cpu_mem_usage", "trust_remote_code")
+
+
+def _model_init_kwargs(value, config: Values) -> dict:
+    value = dict(value or {})
+    dtypes = {value.pop(k) for k in ("dtype", "torch_dtype") if k in value}
+    other = sorted(set(value) - set(_MODEL_KWARGS_MOOT))
+    if other or len(dtypes) > 1:
+        raise ConfigError(f"model_init_kwargs {other or ['dtype', 'torch_dtype']}: barerl loads `model` itself and "
+                          "takes only dtype / torch_dtype from here (as its `dtype`); attention, devices and "
+                          "caching are its own")
+    return {"dtype": dtypes.pop()} if dtypes else {}
+
+
+def _refuse_server(value, config: Values) -> str | None:
+    if value != "colocate":
+        return (f"vllm_mode={value!r}: barerl's engine runs inside the trainer on its GPU, sharing its weights "
+                "(TRL's colocate); there is no separate generation server")
+    return None
+
+
+def _refuse_url(value, config: Values) -> str | None:
+    if value is not None:
+        return "vllm_server_base_url: barerl generates with its built-in engine, never with a server"
+    return None
+
+
+def _refuse_tensor_parallel(value, config: Values) -> str | None:
+    if value != 1:
+        return (f"vllm_tensor_parallel_size={value}: barerl's engine holds a whole model copy per process; "
+                "several GPUs run as data parallel processes (mpirun -n N barerl grpo ...)")
+    return None
+
+
+def _refuse_ds3(value, config: Values) -> str | None:
+    if not value:
+        return ("ds3_gather_for_generation=false: barerl keeps whole working weights on every GPU (there is no "
+                "ZeRO-3; zero_stage 1 shards the optimizer state only), so it cannot train a model past one GPU")
+    return None
+
+
+_NO_SERVER = "barerl has no vLLM server (its engine is built in): used only with vllm_mode='server'"
+_ENGINE = "barerl generates with its own engine (continuous batching, paged KV cache), not transformers'"
+_REF_FROZEN = "the reference model is frozen (with LoRA: the base itself); there is no TR-DPO sync"
+_SAPO = "loss_type 'sapo' is not implemented (barerl has grpo, dr_grpo, dapo, bnpo)"
+_VESPO = "loss_type 'vespo' is not implemented (barerl has grpo, dr_grpo, dapo, bnpo)"
+_ENTROPY = "there is no entropy bonus in barerl's loss (the entropy is logged as `entropy`)"
+
+
+TRL_GRPO_NAMES: dict[str, TRLName] = {
+    # RENAMED: the value lands in barerl's key
+    "vllm_importance_sampling_correction": renamed("importance_sampling_correction", bool, True),
+    "vllm_importance_sampling_mode": renamed("importance_sampling_mode", str, "sequence_mask"),
+    "vllm_importance_sampling_clip_max": renamed("importance_sampling_cap", float | None, 3.0, _no_cap),
+    "vllm_importance_sampling_cap": renamed("importance_sampling_cap", float | None, None, _deprecated_cap),
+    "max_tool_calling_iterations": renamed("max_turns (= max_tool_calling_iterations + 1)", int | None, None,
+                                           _max_turns),
+    "log_completions": renamed("log_completions_steps (true: every logging_steps; false: 0)", bool, False,
+                               _log_completions_steps),
+    "disable_dropout": renamed("lora_dropout (true: 0.0; the model has no other dropout)", bool, False,
+                               _no_dropout),
+    "generation_kwargs": renamed("temperature / top_p / top_k / min_p", dict | None, None, _generation_kwargs),
+    "model_init_kwargs": renamed("dtype (from dtype / torch_dtype)", dict | None, None, _model_init_kwargs),
+    # MOOT: TRL's machinery that barerl does not have
+    "use_vllm": moot("barerl's engine is built in and shares the trainer's weights", bool, False),
+    "vllm_mode": moot("barerl's engine is always colocated, sharing the trainer's weights", str, "colocate",
+                      _refuse_server),
+    "vllm_model_impl": moot("barerl's engine runs barerl's own model code", str, "vllm"),
+    "vllm_enable_sleep_mode": moot("barerl frees the rollouts' KV cache while training and maps it again to "
+                                   "generate, every step (the weights are shared, never offloaded)", bool, False),
+    "vllm_server_base_url": moot(_NO_SERVER, str | None, None, _refuse_url),
+    "vllm_server_host": moot(_NO_SERVER, str, "0.0.0.0"),
+    "vllm_server_port": moot(_NO_SERVER, int, 8000),
+    "vllm_server_timeout": moot(_NO_SERVER, float, 240.0),
+    "vllm_group_port": moot(_NO_SERVER, int, 51216),
+    "vllm_gpu_memory_utilization": moot("barerl sizes the rollouts' KV cache from the generation batch (the memory "
+                                        "plan printed at start) and frees it while training", float, 0.3),
+    "vllm_max_model_length": moot("the engine's length is max_prompt_length + max_completion_length", int | None,
+                                  None),
+    "vllm_tensor_parallel_size": moot("barerl's engine holds a whole model per process", int, 1,
+                                      _refuse_tensor_parallel),
+    "ds3_gather_for_generation": moot("there is no DeepSpeed: every GPU holds whole working weights, which the "
+                                      "engine reads", bool, True, _refuse_ds3),
+    "cache_implementation": moot("the engine's paged KV cache is the only one", str | None, None),
+    "use_transformers_continuous_batching": moot(_ENGINE, bool, False),
+    "transformers_continuous_batching_config": moot(_ENGINE, dict | None, None),
+    "use_transformers_paged": moot(_ENGINE, bool, False),
+    "trust_remote_code": moot("barerl runs no model code from the Hub: it implements each architecture itself",
+                              bool, False),
+    "remove_unused_columns": moot("barerl passes every dataset column to the reward functions", bool | None,
+                                  False),
+    "pad_to_multiple_of": moot("barerl packs sequences, it never pads", str | None, "auto"),
+    "num_generations_eval": moot("barerl grpo runs no evaluation while training; `barerl eval --n N` samples N per "
+                                 "prompt", int | None, None),
+    "num_completions_to_print": moot("barerl prints no completions; samples.jsonl gets every completion of each "
+                                     "logged step (log_completions_steps)", int | None, None),
+    "log_unique_prompts": moot("samples.jsonl has one line per completion, with its prompt", bool, False),
+    "log_multimodal": moot("barerl trains on text only: there is no multimodal content to log", bool, True),
+    "log_completions_hub_repo": moot("barerl uploads nothing: samples stay in output_dir/samples.jsonl",
+                                     str | None, None),
+    # UNSUPPORTED: accepted at TRL's default alone
+    "router_aux_loss_coef": unsupported("barerl trains dense models (Qwen3, Qwen2, Llama): no MoE router",
+                                        float | None, None),
+    "cast_lm_head_to_fp32": unsupported("the LM head's weights stay in the working dtype (its logits and "
+                                        "log-probs are fp32, and batch_invariant makes the engine's and the "
+                                        "trainer's agree); dtype: float32 trains all in fp32", bool, False),
+    "repetition_penalty": unsupported("the engine's sampling has no repetition penalty", float, 1.0),
+    "vllm_structured_outputs_regex": unsupported("the engine has no constrained decoding", str | None, None),
+    "sapo_temperature_neg": unsupported(_SAPO, float, 1.05),
+    "sapo_temperature_pos": unsupported(_SAPO, float, 1.0),
+    "vespo_k_pos": unsupported(_VESPO, float, 2.0),
+    "vespo_lambda_pos": unsupported(_VESPO, float, 3.0),
+    "vespo_k_neg": unsupported(_VESPO, float, 3.0),
+    "vespo_lambda_neg": unsupported(_VESPO, float, 2.0),
+    "multi_objective_aggregation": unsupported("barerl sums the weighted rewards, then normalises (TRL's "
+                                               "default)", str, "sum_then_normalize"),
+    "sync_ref_model": unsupported(_REF_FROZEN, bool, False),
+    "ref_model_mixup_alpha": unsupported(_REF_FROZEN, float, 0.6),
+    "ref_model_sync_steps": unsupported(_REF_FROZEN, int, 512),
+    "entropy_coef": unsupported(_ENTROPY, float, 0.0),
+    "use_adaptive_entropy": unsupported(_ENTROPY, bool, False),
+    "entropy_coef_min": unsupported(_ENTROPY, float, 0.0),
+    "entropy_coef_max": unsupported(_ENTROPY, float, 1.0),
+    "entropy_coef_delta": unsupported(_ENTROPY, float, 0.005),
+    "entropy_target": unsupported(_ENTROPY, float, 0.2),
+    "vllm_importance_sampling_clip_min": unsupported("the correction caps ratios from above only "
+                                                     "(importance_sampling_cap)", float | None, None),
+    "off_policy_mask_threshold": unsupported("there is no off-policy sequence masking (DeepSeek-V3.2)",
+                                             float | None, None),
+    # TRL multiplies the KL term by the ratio by default; barerl's KL term is TRL's false. The two agree
+    # without a KL term, so TRL's default is refused only with beta > 0, where it would change the gradient.
+    "use_bias_correction_kl": unsupported("with beta > 0 barerl's KL term is not multiplied by the importance "
+                                          "ratio: it is TRL's use_bias_correction_kl=false (set that)", bool, True,
+                                          lambda value, config: not value or config["beta"] == 0.0),
+}
+
+
+def resolve(name: str, value: Any, config: Values) -> tuple[dict, str | None]:
+    """TRL's `name` = `value` (coerced to the entry's type) as (barerl values, the notice to show or None);
+    a ConfigError for a value barerl cannot honour. `config`: the values given so far over the defaults."""
+    entry = TRL_GRPO_NAMES[name]
+    if entry.kind == RENAMED:
+        values = entry.convert(value, config) if entry.convert else {entry.why: value}
+        taken = ", ".join(f"{k}={v!r}" for k, v in values.items()) or "nothing changes"
+        return values, f"TRL's {name} is barerl's {entry.why}: {taken}"
+    if entry.kind == MOOT:
+        refusal = entry.check(value, config) if entry.check else None
+        if refusal:
+            raise ConfigError(refusal)
+        return {}, f"TRL's {name} has no effect in barerl: {entry.why}"
+    accepted = entry.check(value, config) if entry.check else value == entry.default
+    if not accepted:
+        raise ConfigError(f"TRL's {name} is not supported by barerl ({name}={value!r}): {entry.why}")
+    return {}, None
+
+
+def names_of(kind: str) -> list[str]:
+    return [name for name, entry in TRL_GRPO_NAMES.items() if entry.kind == kind]
