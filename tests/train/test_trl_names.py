@@ -1,4 +1,4 @@
-"""TRL GRPOConfig names in barerl configs: renamed onto barerl's keys, moot with a notice, unsupported at
+"""TRL GRPOConfig / SFTConfig / TrainingArguments names in barerl configs: renamed onto barerl's keys, moot with a notice, unsupported at
 TRL's default only; in files, on the command line and through config_from_dict."""
 
 import dataclasses
@@ -7,10 +7,28 @@ import warnings
 import pytest
 
 from barerl.config import ConfigError
-from barerl.train.config import GRPOConfig, build_argparser, config_from_dict, load_config
+from barerl.train.config import (
+    GRPOConfig,
+    SFTConfig,
+    TrainConfig,
+    build_argparser,
+    config_from_dict,
+    load_config,
+)
 from barerl.train.data import encode_prompt
 from barerl.train.episode import ChatTokens
-from barerl.train.trl_names import MOOT, RENAMED, TRL_GRPO_NAMES, UNSUPPORTED, TRLNameNotice, names_of
+from barerl.train.trl_names import (
+    GRPO_NAMES,
+    MOOT,
+    RENAMED,
+    SFT_NAMES,
+    TRAINING_ARGS_NAMES,
+    TRL_GRPO_NAMES,
+    TRL_SFT_NAMES,
+    UNSUPPORTED,
+    TRLNameNotice,
+    names_of,
+)
 
 # TRL 1.16's GRPOConfig names that barerl's GRPOConfig does not define (trl/trainer/grpo_config.py)
 TRL_ONLY = ("model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "disable_dropout",
@@ -29,6 +47,31 @@ TRL_ONLY = ("model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "d
             "log_unique_prompts", "log_completions_hub_repo", "use_transformers_continuous_batching",
             "transformers_continuous_batching_config", "use_transformers_paged", "vllm_importance_sampling_cap")
 IMPLEMENTED = ("chat_template_kwargs", "delta", "top_entropy_quantile")  # TRL's names, now barerl fields
+# transformers 5.17's TrainingArguments fields that barerl's TrainConfig does not define (training_args.py)
+TRAINING_ARGS_ONLY = (
+    "lr_scheduler_kwargs", "optim", "optim_args", "optim_target_modules", "average_tokens_across_devices",
+    "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32",
+    "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode",
+    "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps",
+    "auto_find_batch_size", "logging_strategy", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter",
+    "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm", "project",
+    "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "eval_strategy", "eval_delay",
+    "per_device_eval_batch_size", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches",
+    "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics", "batch_eval_metrics",
+    "save_on_each_node", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id",
+    "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end", "metric_for_best_model",
+    "greater_is_better", "ignore_data_skip", "restore_callback_states_from_checkpoint", "full_determinism",
+    "data_seed", "use_cpu", "accelerator_config", "parallelism_config", "dataloader_drop_last",
+    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names",
+    "train_sampling_strategy", "length_column_name", "ddp_find_unused_parameters", "ddp_broadcast_buffers",
+    "ddp_static_graph", "ddp_backend", "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics",
+    "do_train", "do_eval", "do_predict", "local_rank")
+# TRL 1.16's SFTConfig names that barerl's SFTConfig does not define (trl/trainer/sft_config.py)
+TRL_SFT_ONLY = ("model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "chat_template_path",
+                "dataset_kwargs", "dataset_num_proc", "eos_token", "truncation_mode", "packing_strategy",
+                "padding_free", "pad_to_multiple_of", "eval_packing", "loss_type", "activation_offloading",
+                "pad_token")
 
 TRL_YAML = """\
 model: Qwen/Qwen3-0.6B
@@ -71,6 +114,17 @@ def test_the_table_covers_trls_names_barerl_lacks():
     assert set(TRL_GRPO_NAMES) == set(TRL_ONLY)
     assert not fields & set(TRL_GRPO_NAMES) and set(IMPLEMENTED) <= fields
     assert {e.kind for e in TRL_GRPO_NAMES.values()} == {RENAMED, MOOT, UNSUPPORTED}
+
+
+def test_the_tables_cover_training_arguments_and_sft_names_barerl_lacks():
+    # remove_unused_columns is a TrainingArguments field that GRPOConfig overrides: each job's table has its own
+    assert set(TRAINING_ARGS_NAMES) | {"remove_unused_columns"} == set(TRAINING_ARGS_ONLY)
+    assert set(TRL_SFT_NAMES) - {"remove_unused_columns"} == set(TRL_SFT_ONLY)
+    assert not {f.name for f in dataclasses.fields(TrainConfig)} & set(TRAINING_ARGS_ONLY)
+    assert not {f.name for f in dataclasses.fields(SFTConfig)} & set(SFT_NAMES)
+    assert not {f.name for f in dataclasses.fields(GRPOConfig)} & set(GRPO_NAMES)
+    for table in (TRAINING_ARGS_NAMES, TRL_SFT_NAMES):
+        assert {e.kind for e in table.values()} == {RENAMED, MOOT, UNSUPPORTED}
 
 
 def test_a_trl_config_loads_with_one_notice_per_renamed_or_moot_key(tmp_path):
@@ -207,3 +261,144 @@ def test_chat_template_kwargs_reach_the_template(chat_tokenizer):
     assert text(encode_prompt(prompt, chat_tokenizer, None, {"enable_thinking": False})) == "2+2?\n<no-think>"
     tokens = ChatTokens(chat_tokenizer, template_kwargs={"enable_thinking": False})
     assert text(tokens.prompt(prompt, [])) == "2+2?\n<no-think>"
+
+
+SFT_YAML = """\
+model: Qwen/Qwen3-0.6B
+dataset: data.jsonl
+learning_rate: 2.0e-5
+num_train_epochs: 1
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 4
+gradient_checkpointing: true
+gradient_checkpointing_kwargs: {use_reentrant: false}
+bf16: true
+tf32: true
+optim: adamw_torch
+lr_scheduler_type: cosine
+lr_scheduler_kwargs: {num_cycles: 0.5}
+warmup_ratio: 0.03
+logging_steps: 10
+logging_strategy: steps
+save_strategy: steps
+save_steps: 200
+eval_strategy: steps
+per_device_eval_batch_size: 16
+report_to: none
+seed: 42
+data_seed: 42
+push_to_hub: false
+dataloader_num_workers: 4
+ddp_find_unused_parameters: false
+max_length: 2048
+packing: true
+packing_strategy: bfd
+padding_free: true
+assistant_only_loss: true
+dataset_num_proc: 8
+model_init_kwargs: {torch_dtype: bfloat16, attn_implementation: flash_attention_2}
+use_liger_kernel: true
+neftune_noise_alpha: null
+"""
+
+
+def _load_sft(tmp_path, text, cls=SFTConfig):
+    path = tmp_path / "sft.yaml"
+    path.write_text(text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config(cls, path)
+    return cfg, {str(w.message).split("TRL's ")[1].split(" ")[0]: str(w.message) for w in caught
+                 if w.category is TRLNameNotice}
+
+
+def test_a_trl_sft_config_loads_with_training_arguments_keys(tmp_path):
+    cfg, notices = _load_sft(tmp_path, SFT_YAML)
+    assert (cfg.dtype, cfg.eval_steps, cfg.gradient_checkpointing, cfg.report_to) == ("bfloat16", 10, True, ("none",))
+    assert (cfg.max_length, cfg.packing, cfg.assistant_only_loss, cfg.warmup_ratio) == (2048, True, True, 0.03)
+    assert set(notices) == {"gradient_checkpointing_kwargs", "bf16", "tf32", "optim", "logging_strategy",
+                            "eval_strategy", "per_device_eval_batch_size", "dataloader_num_workers",
+                            "ddp_find_unused_parameters", "packing_strategy", "padding_free", "dataset_num_proc",
+                            "model_init_kwargs", "use_liger_kernel"}  # unsupported names at TRL's default: silent
+    assert "dtype='bfloat16'" in notices["bf16"] and "eval_steps=10" in notices["eval_strategy"]
+    assert "torch.utils.checkpoint" in notices["gradient_checkpointing_kwargs"]
+
+
+def test_a_trl_grpo_config_loads_with_training_arguments_keys(tmp_path):
+    text = TRL_YAML + ("bf16: true\nfp16: false\noptim: adamw_torch_fused\nsave_strategy: steps\nreport_to: "
+                       "[tensorboard]\ngradient_checkpointing_kwargs: {use_reentrant: false}\nlog_level: info\n"
+                       "remove_unused_columns: false\npush_to_hub: false\nhub_model_id: null\n")
+    cfg, notices = _load(tmp_path, text)
+    assert (cfg.dtype, cfg.save_strategy, cfg.report_to) == ("bfloat16", "steps", ("tensorboard",))
+    noted = {n.split("TRL's ")[1].split(" ")[0] for n in notices}
+    assert {"bf16", "fp16", "optim", "gradient_checkpointing_kwargs", "log_level", "remove_unused_columns"} <= noted
+    assert "push_to_hub" not in noted
+
+
+@pytest.mark.parametrize("flags,dtype", [
+    (["--bf16"], "bfloat16"), (["--bf16", "false"], "float32"), (["--fp16"], "float16"),
+    (["--bf16", "false", "--fp16", "true"], "float16"), (["--fp16", "false"], "auto"),
+])
+def test_bf16_and_fp16_choose_the_dtype(flags, dtype):
+    with pytest.warns(TRLNameNotice, match="is barerl's dtype"):
+        assert load_config(SFTConfig, None, flags).dtype == dtype
+
+
+def test_use_cpu_and_the_dtype_given_twice():
+    with pytest.warns(TRLNameNotice):
+        assert load_config(GRPOConfig, None, ["--use_cpu"]).device == "cpu"
+    with pytest.raises(ConfigError, match="bf16 and fp16 are both true"):
+        load_config(SFTConfig, None, ["--bf16", "--fp16"])
+    with pytest.raises(ConfigError, match="TRL's bf16 means dtype='bfloat16', but dtype is given as 'float32'"), \
+            pytest.warns(TRLNameNotice):
+        config_from_dict(SFTConfig, {"bf16": True, "dtype": "float32"})
+
+
+def test_unsupported_training_arguments_and_sft_names_load_at_trls_default_silently():
+    for cls, table in ((SFTConfig, SFT_NAMES), (GRPOConfig, GRPO_NAMES)):
+        defaults = {name: table[name].default for name in names_of(UNSUPPORTED, table)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert config_from_dict(cls, defaults) == cls()
+
+
+@pytest.mark.parametrize("cls,key,value,match", [
+    (SFTConfig, "deepspeed", "ds_zero3.json", "no DeepSpeed: several GPUs run as barerl's own data-parallel"),
+    (SFTConfig, "fsdp", "full_shard auto_wrap", "no FSDP: .*mpirun -n N"),
+    (GRPOConfig, "push_to_hub", "true", "uploads nothing"),
+    (SFTConfig, "hub_model_id", "me/model", "uploads nothing"),
+    (SFTConfig, "neftune_noise_alpha", "5", "NEFTune"),
+    (SFTConfig, "lr_scheduler_kwargs", '{"min_lr": 1e-6}', "take no options"),
+    (SFTConfig, "data_seed", "7", "data_seed: None or the seed"),
+    (SFTConfig, "load_best_model_at_end", "true", "no best model"),
+    (SFTConfig, "activation_offloading", "true", "activations stay on the GPU"),
+    (SFTConfig, "loss_type", "dft", "no DFT"),
+    (SFTConfig, "chat_template_path", "template.jinja", "own chat template"),
+    (SFTConfig, "eos_token", "<|im_end|>", "tokenizer's eos token"),
+    (SFTConfig, "train_sampling_strategy", "group_by_length", "shuffle_dataset"),
+])
+def test_unsupported_values_are_refused_with_what_barerl_does(cls, key, value, match):
+    with pytest.raises(ConfigError, match=f"TRL's {key} is not supported by barerl .*{match}"):
+        load_config(cls, None, [f"--{key}", value])
+
+
+@pytest.mark.parametrize("cls,flags,match", [
+    (SFTConfig, ["--optim", "adamw_8bit"], "its own AdamW"),
+    (GRPOConfig, ["--logging_strategy", "epoch"], "every logging_steps"),
+    (SFTConfig, ["--eval_strategy", "epoch"], "set eval_steps"),
+    (SFTConfig, ["--packing_strategy", "wrapped"], "never split"),
+])
+def test_training_arguments_values_barerl_cannot_honour(cls, flags, match):
+    with pytest.raises(ConfigError, match=f"command line: .*{match}"):
+        load_config(cls, None, flags)
+
+
+def test_sft_names_are_not_grpo_names():
+    with pytest.raises(ConfigError, match="unknown key 'packing_strategy' for GRPOConfig"):
+        load_config(GRPOConfig, None, ["--packing_strategy", "bfd"])
+    with pytest.warns(TRLNameNotice) as record:
+        cfg = config_from_dict(SFTConfig, {"remove_unused_columns": True, "pad_token": "<pad>",
+                                           "eval_strategy": "no", "eval_steps": 50, "save_strategy": "no"})
+    assert (cfg.eval_steps, cfg.save_strategy, len(record)) == (50, "no", 3)
+    with pytest.raises(ConfigError, match=r"save_strategy: must be one of \['steps', 'no'\], got 'epoch'"):
+        load_config(SFTConfig, None, ["--save_strategy", "epoch"])  # barerl's own field: its choices

@@ -7,8 +7,9 @@ Design:
   exists, so a TRL config mostly carries over. The vLLM importance-sampling options lose their `vllm_`
   prefix (the engine is ours): `importance_sampling_correction`, `importance_sampling_mode` (TRL's four
   values), `importance_sampling_cap`.
-- TRL's GRPOConfig names that barerl does not define are accepted where config keys are read (files, flags,
-  `config_from_dict`), each as train/trl_names.py's table says: renamed onto barerl's key, moot (no effect,
+- TRL's names that barerl does not define (GRPOConfig's or SFTConfig's own, and the TrainingArguments keys
+  both carry: `bf16`, `optim`, `push_to_hub`, ...) are accepted where config keys are read (files, flags,
+  `config_from_dict`), each as train/trl_names.py's tables say: renamed onto barerl's key, moot (no effect,
   with a notice), or unsupported (TRL's default alone). `GRPOConfig(**kwargs)` stays barerl's own names.
 - One coercion path: `__post_init__` converts every field to its declared type (so "1e-6" from YAML or
   the command line becomes a float) and validates it; errors are `ConfigError`s naming the key, the
@@ -40,7 +41,7 @@ from barerl.config import ConfigError
 from barerl.model.lora import ALL_LINEAR, TARGET_MODULES, resolve_target_modules
 from barerl.model.recompute import DEFAULT_KEEP, RECOMPUTABLE
 from barerl.model.sampling_filter import SamplingFilter, SamplingFilterError
-from barerl.train.trl_names import TRL_GRPO_NAMES, TRLName, TRLNameNotice, resolve
+from barerl.train.trl_names import GRPO_NAMES, SFT_NAMES, TRAINING_ARGS_NAMES, TRLName, TRLNameNotice, resolve
 
 T = typing.TypeVar("T", bound="TrainConfig")
 
@@ -435,7 +436,8 @@ def _to_str(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, dict: _to_dict}
+# object: taken as given (TRL names whose value barerl only compares with their default)
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, dict: _to_dict, object: lambda v: v}
 
 
 def coerce_fields(config) -> None:
@@ -574,7 +576,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         group.add_argument(f"--{f.name}", metavar=_metavar(tp, meta), help=help_text, default=argparse.SUPPRESS,
                            **kwargs)
     for name, entry in trl_names(cls).items():  # accepted, kept out of --help (train/trl_names.py lists them)
-        kwargs = {"nargs": "?", "const": "true"} if entry.tp is bool else {}
+        kwargs = {"nargs": "?", "const": "true"} if _unwrap_optional(entry.tp) is bool else {}
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
 
 
@@ -615,8 +617,10 @@ def config_from_dict(cls: type[T], values: dict[str, Any], source: str = "argume
 
 
 def trl_names(cls: type) -> dict[str, TRLName]:
-    """TRL's names that `cls` accepts besides its fields (GRPOConfig's: train/trl_names.py)."""
-    return TRL_GRPO_NAMES if issubclass(cls, GRPOConfig) else {}
+    """TRL's names that `cls` accepts besides its fields (train/trl_names.py)."""
+    if issubclass(cls, GRPOConfig):
+        return GRPO_NAMES
+    return SFT_NAMES if issubclass(cls, SFTConfig) else TRAINING_ARGS_NAMES
 
 
 def _from_flags(cls: type[T], path: str | Path | None, flags: dict[str, Any]) -> T:
@@ -628,21 +632,23 @@ def _from_flags(cls: type[T], path: str | Path | None, flags: dict[str, Any]) ->
 
 def _from_sources(cls: type[T], sources: list[tuple[str, dict[str, Any]]]) -> T:
     """The config from (where, raw mapping) pairs, a later one winning; TRL's names go after barerl's, so
-    that their conversions see the barerl values given with them."""
+    that their conversions see the barerl values given with them (and the TRL names given)."""
     hints, trl = typing.get_type_hints(cls), trl_names(cls)
     values: dict[str, Any] = {}
     given_in: dict[str, int] = {}  # barerl key -> index of the source that gave it
     pending = []
+    trl_given = {name: entry.default for name, entry in trl.items()}  # TRL's values, a later source winning
     for index, (source, raw) in enumerate(sources):
         for key, value in raw.items():
             if key in trl:
-                pending.append((index, source, key, value))
+                trl_given[key] = _coerce_in(source, key, value, trl[key].tp)
+                pending.append((index, source, key, trl_given[key]))
             elif key not in hints:
                 raise _unknown_key(cls, key, source)
             else:
                 values[key], given_in[key] = _coerce_in(source, key, value, hints[key]), index
     for index, source, key, value in pending:
-        for name, converted in _from_trl(cls, source, key, value, values).items():
+        for name, converted in _from_trl(cls, source, key, value, {**trl_given, **values}).items():
             converted = _coerce_in(source, name, converted, hints[name])
             if given_in.get(name, -1) > index:  # barerl's key given later (a flag over the file) wins
                 continue
@@ -653,12 +659,11 @@ def _from_sources(cls: type[T], sources: list[tuple[str, dict[str, Any]]]) -> T:
     return cls(**values)
 
 
-def _from_trl(cls: type, source: str, key: str, raw: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """TRL's key as barerl values (uncoerced), its notice warned; errors name the source."""
-    entry = trl_names(cls)[key]
+def _from_trl(cls: type, source: str, key: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """TRL's key (its value coerced) as barerl values (uncoerced), its notice warned; errors name the source."""
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     try:
-        converted, notice = resolve(key, coerce(key, raw, entry.tp), {**defaults, **values})
+        converted, notice = resolve(key, value, {**defaults, **values}, trl_names(cls))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     if notice:

@@ -1,7 +1,9 @@
-"""TRL's GRPOConfig names that barerl's GRPOConfig does not define, so that a TRL config carries over.
+"""TRL's config names that barerl's configs do not define, so that a TRL config carries over.
 
-Every name of TRL 1.16's GRPOConfig is either a field of barerl's GRPOConfig (same name, same meaning) or
-an entry here, of one of three kinds:
+Every name of TRL 1.16's GRPOConfig and SFTConfig, and of the `transformers.TrainingArguments` (5.17) they
+subclass, is either a field of barerl's config (same name, same meaning) or an entry of one of three tables
+here: TRAINING_ARGS_NAMES (for both jobs), TRL_SFT_NAMES (SFTConfig's own), TRL_GRPO_NAMES (GRPOConfig's
+own); `SFT_NAMES` and `GRPO_NAMES` are what each job accepts. Each entry is of one of three kinds:
 - RENAMED: the setting exists in barerl under another name or form; the value is taken, with a notice
   naming barerl's key (`vllm_importance_sampling_mode` -> `importance_sampling_mode`).
 - MOOT: a setting of machinery barerl does not have (a separate vLLM, DeepSpeed, padding); accepted, with a
@@ -12,7 +14,7 @@ an entry here, of one of three kinds:
 
 The table is data: `GRPOConfig`'s loading (train/config.py) coerces a value to the entry's type, then
 `resolve` turns it into barerl values and a notice, or an error; the loader warns each notice as a
-`TRLNameNotice` (one line). Where a TRL key and barerl's key it maps onto are given in the same place
+`TRLNameNotice` (one line). Conversions also see the TRL names given (`bf16` reads `fp16`). Where a TRL key and barerl's key it maps onto are given in the same place
 with different values, the loader refuses both; a later place (the command line over the file) wins.
 """
 
@@ -26,7 +28,8 @@ from barerl.config import ConfigError
 
 RENAMED, MOOT, UNSUPPORTED = "renamed", "moot", "unsupported"
 
-Values = Mapping[str, Any]  # the config as given so far: explicit values over the defaults
+# the config as given so far: explicit values over the defaults, barerl's and (coerced) TRL's names alike
+Values = Mapping[str, Any]
 
 
 class TRLNameNotice(UserWarning):
@@ -236,10 +239,237 @@ TRL_GRPO_NAMES: dict[str, TRLName] = {
 }
 
 
-def resolve(name: str, value: Any, config: Values) -> tuple[dict, str | None]:
+# ---------------------------------------------------------------------------------------------------------
+# transformers.TrainingArguments (TRL's configs subclass it; TRL's defaults where TRL overrides them)
+
+
+def _bf16(value, config: Values) -> dict:
+    if value and config["fp16"]:
+        raise ConfigError("bf16 and fp16 are both true: set at most one (they choose barerl's dtype)")
+    if value is None:  # TRL: bf16 unless fp16; barerl's dtype auto is bfloat16 on cuda
+        return {}
+    return {"dtype": "bfloat16" if value else "float16" if config["fp16"] else "float32"}
+
+
+def _fp16(value, config: Values) -> dict:
+    return {"dtype": "float16"} if value else {}
+
+
+def _use_cpu(value, config: Values) -> dict:
+    return {"device": "cpu"} if value else {}
+
+
+def _eval_strategy(value, config: Values) -> dict:
+    if value == "steps":  # transformers: eval_steps, else logging_steps
+        return {"eval_steps": config["eval_steps"] or config["logging_steps"]}
+    if value == "no":
+        return {}
+    raise ConfigError(f"eval_strategy={value!r}: barerl's SFT evaluates every eval_steps steps and at the end; "
+                      "set eval_steps")
+
+
+def _refuse_logging(value, config: Values) -> str | None:
+    if value != "steps":
+        return f"logging_strategy={value!r}: barerl logs every logging_steps steps (and the last)"
+    return None
+
+
+_ADAMW = ("adamw_torch", "adamw_torch_fused")
+
+
+def _refuse_optimizer(value, config: Values) -> str | None:
+    if value not in _ADAMW:
+        return (f"optim={value!r}: barerl's optimizer is its own AdamW (adam_beta1, adam_beta2, adam_epsilon, "
+                "weight_decay; fp32 master weights and moments); there is no other")
+    return None
+
+
+def _off(value, config: Values) -> bool:  # None or empty (a command line's none / false too)
+    return not value or (isinstance(value, str) and value.strip().lower() in ("none", "null", "false"))
+
+
+def _scheduler_kwargs(value, config: Values) -> bool:
+    return not value or (value == {"num_cycles": 0.5} and config["lr_scheduler_type"] == "cosine")
+
+
+def _data_seed(value, config: Values) -> bool:
+    return value is None or value == config["seed"]
+
+
+def _sampling(value, config: Values) -> bool:
+    return value == "random" or (value == "sequential" and not config.get("shuffle_dataset", True))
+
+
+_TORCH = "barerl runs its own kernels, without PyTorch"
+_LOGGING = "barerl's messages have no logging levels"
+_TRACKIO = "barerl does not report to Trackio (report_to: jsonl, tensorboard, wandb)"
+_EVAL_LOSS = "barerl's evaluation (SFT) computes eval_loss alone"
+_NO_DATALOADER = "barerl has no DataLoader: it tokenizes the dataset up front and builds each batch from memory"
+_DDP = ("barerl's data parallelism is its own (one process per GPU under mpirun / srun, barerl.distributed), "
+        "not torch DDP")
+_HUB = "barerl uploads nothing: checkpoints stay in output_dir"
+_BEST = "barerl keeps the last save_total_limit checkpoints and tracks no best model"
+_PARALLEL = ("several GPUs run as barerl's own data-parallel processes (mpirun -n N barerl sft|grpo ...), each "
+             "with whole weights; zero_stage 1 shards the optimizer state")
+
+TRAINING_ARGS_NAMES: dict[str, TRLName] = {
+    # RENAMED
+    "bf16": renamed("dtype (true: bfloat16; false: float32, or float16 with fp16)", bool | None, None, _bf16),
+    "fp16": renamed("dtype (true: float16)", bool, False, _fp16),
+    "use_cpu": renamed("device (true: cpu)", bool, False, _use_cpu),
+    "eval_strategy": renamed("eval_steps (steps: eval_steps, else logging_steps; no: eval_steps decides)", str,
+                             "no", _eval_strategy),
+    # MOOT
+    "optim": moot("barerl's AdamW is its own, one fused update per step (torch's AdamW's arithmetic)", str,
+                  "adamw_torch_fused", _refuse_optimizer),
+    "gradient_checkpointing_kwargs": moot("barerl recomputes in its own backward (gradient_checkpointing_keep "
+                                          "chooses what is kept), not with torch.utils.checkpoint", dict | None,
+                                          None),
+    "tf32": moot("barerl has no TF32 switch: its products run in its dtype (bfloat16 on cuda by default)",
+                 bool | None, None),
+    "torch_compile": moot(_TORCH, bool, False),
+    "torch_compile_backend": moot(_TORCH, str | None, None),
+    "torch_compile_mode": moot(_TORCH, str | None, None),
+    "use_liger_kernel": moot("barerl's kernels are its own (the LM head and its loss run fused, in chunks)", bool,
+                             False),
+    "liger_kernel_config": moot("barerl's kernels are its own", dict | None, None),
+    "use_cache": moot("training passes keep no KV cache (the engine's is its own)", bool, False),
+    "torch_empty_cache_steps": moot("barerl does not use torch's caching allocator", int | None, None),
+    "logging_strategy": moot("barerl logs every logging_steps steps", str, "steps", _refuse_logging),
+    "log_on_each_node": moot(_LOGGING, bool, True),
+    "log_level": moot(_LOGGING, str, "passive"),
+    "log_level_replica": moot(_LOGGING, str, "warning"),
+    "logging_nan_inf_filter": moot("barerl logs each step's loss as it is (nan and inf too)", bool, True),
+    "include_num_input_tokens_seen": moot("barerl logs each step's num_tokens", str, "no"),
+    "project": moot(_TRACKIO, str, "huggingface"),
+    "trackio_space_id": moot(_TRACKIO, str | None, None),
+    "trackio_bucket_id": moot(_TRACKIO, str | None, None),
+    "trackio_static_space_id": moot(_TRACKIO, object, None),
+    "per_device_eval_batch_size": moot("barerl's evaluation packs sequences into passes of "
+                                       "max_tokens_per_microbatch tokens", int, 8),
+    "prediction_loss_only": moot(_EVAL_LOSS, bool, False),
+    "eval_do_concat_batches": moot(_EVAL_LOSS, bool, True),
+    "eval_use_gather_object": moot(_EVAL_LOSS, bool, False),
+    "eval_accumulation_steps": moot(_EVAL_LOSS, int | None, None),
+    "enable_jit_checkpoint": moot("barerl always checkpoints on SIGTERM / SIGINT (it finishes the step, saves and "
+                                  "says how to resume)", bool, False),
+    "full_determinism": moot("barerl is deterministic by design: same seed and config, same run", bool, False),
+    "dataloader_num_workers": moot(_NO_DATALOADER, int, 0),
+    "dataloader_pin_memory": moot(_NO_DATALOADER, bool, True),
+    "dataloader_persistent_workers": moot(_NO_DATALOADER, bool, False),
+    "dataloader_prefetch_factor": moot(_NO_DATALOADER, int | None, None),
+    "dataloader_multiprocessing_context": moot(_NO_DATALOADER, str | None, None),
+    "label_names": moot("barerl's SFT takes its loss mask from the data's format; there is no label column",
+                        object, None),
+    "length_column_name": moot("used only by train_sampling_strategy group_by_length, which barerl lacks", str,
+                               "length"),
+    "ddp_find_unused_parameters": moot(_DDP, bool | None, None),
+    "ddp_broadcast_buffers": moot(_DDP, bool | None, None),
+    "ddp_static_graph": moot(_DDP, bool | None, None),
+    "ddp_backend": moot(_DDP, str | None, None),
+    "skip_memory_metrics": moot("barerl plans its memory up front (the memory plan printed at start)", bool, True),
+    "do_train": moot("the Trainer does not read it: barerl sft|grpo trains", bool, False),
+    "do_eval": moot("the Trainer does not read it: barerl sft evaluates when given eval data", bool, False),
+    "do_predict": moot("the Trainer does not read it: barerl trains", bool, False),
+    "local_rank": moot("barerl takes each process's rank from mpirun / srun", int, -1),
+    # UNSUPPORTED
+    "lr_scheduler_kwargs": unsupported("barerl's schedules take no options (cosine is transformers' half cycle, "
+                                       "num_cycles 0.5)", dict | None, None, _scheduler_kwargs),
+    "optim_args": unsupported("barerl's AdamW takes adam_beta1, adam_beta2, adam_epsilon and weight_decay alone",
+                              str | None, None),
+    "optim_target_modules": unsupported("there is no GaLore / APOLLO: AdamW updates every trained parameter",
+                                        object, None, _off),
+    "average_tokens_across_devices": unsupported("barerl normalises a step's loss over all processes together "
+                                                 "(SFT: by its loss tokens; GRPO: as loss_type says)", bool, True),
+    "label_smoothing_factor": unsupported("barerl's SFT loss has no label smoothing", float, 0.0),
+    "bf16_full_eval": unsupported("evaluation runs with training's weights and dtype", bool, False),
+    "fp16_full_eval": unsupported("evaluation runs with training's weights and dtype", bool, False),
+    "neftune_noise_alpha": unsupported("barerl adds no noise to the embeddings (NEFTune)", float | None, None),
+    "auto_find_batch_size": unsupported("barerl does not search for a batch size: max_tokens_per_microbatch "
+                                        "bounds one pass's memory", bool, False),
+    "logging_first_step": unsupported("barerl logs every logging_steps steps and the last", bool, False),
+    "disable_tqdm": unsupported("barerl's progress display has no switch in the config", bool | None, None,
+                                _off),
+    "eval_delay": unsupported("barerl's SFT evaluates every eval_steps from the start", float, 0.0),
+    "eval_on_start": unsupported("barerl's SFT evaluates every eval_steps steps and at the end", bool, False),
+    "include_for_metrics": unsupported(_EVAL_LOSS + " (no compute_metrics)", tuple[str, ...], ()),
+    "batch_eval_metrics": unsupported(_EVAL_LOSS + " (no compute_metrics)", bool, False),
+    "save_on_each_node": unsupported("barerl writes one checkpoint per save, in output_dir", bool, False),
+    "push_to_hub": unsupported(_HUB, bool, False),
+    "hub_token": unsupported(_HUB, str | None, None),
+    "hub_private_repo": unsupported(_HUB, bool | None, None),
+    "hub_model_id": unsupported(_HUB, str | None, None),
+    "hub_strategy": unsupported(_HUB, str, "every_save"),
+    "hub_always_push": unsupported(_HUB, bool, False),
+    "hub_revision": unsupported(_HUB, str | None, None),
+    "load_best_model_at_end": unsupported(_BEST, bool, False),
+    "metric_for_best_model": unsupported(_BEST, str | None, None),
+    "greater_is_better": unsupported(_BEST, bool | None, None),
+    "ignore_data_skip": unsupported("resuming restores the data order where the run stopped", bool, False),
+    "restore_callback_states_from_checkpoint": unsupported("barerl has no callbacks", bool, False),
+    "data_seed": unsupported("barerl's seed sets the data order too (data_seed: None or the seed)", int | None,
+                             None, _data_seed),
+    "accelerator_config": unsupported("barerl does not use Accelerate", object, None, _off),
+    "parallelism_config": unsupported(_PARALLEL, object, None, _off),
+    "dataloader_drop_last": unsupported(_NO_DATALOADER, bool, False),
+    "dataloader_in_order": unsupported(_NO_DATALOADER, bool, True),
+    "train_sampling_strategy": unsupported("barerl shuffles each epoch (shuffle_dataset; sequential is "
+                                           "shuffle_dataset: false)", str, "random", _sampling),
+    "fsdp": unsupported("there is no FSDP: " + _PARALLEL, object, None, _off),
+    "fsdp_config": unsupported("there is no FSDP: " + _PARALLEL, object, None, _off),
+    "deepspeed": unsupported("there is no DeepSpeed: " + _PARALLEL, object, None, _off),
+    "debug": unsupported("barerl has no debug modes", tuple[str, ...], ()),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TRL's SFTConfig's own names
+
+
+def _refuse_packing(value, config: Values) -> str | None:
+    if value != "bfd":
+        return (f"packing_strategy={value!r}: barerl packs whole sequences (each cut at max_length), never split "
+                "across passes")
+    return None
+
+
+TRL_SFT_NAMES: dict[str, TRLName] = {
+    # RENAMED
+    "model_init_kwargs": TRL_GRPO_NAMES["model_init_kwargs"],
+    # MOOT
+    "trust_remote_code": TRL_GRPO_NAMES["trust_remote_code"],
+    "pad_to_multiple_of": TRL_GRPO_NAMES["pad_to_multiple_of"],
+    "remove_unused_columns": moot("barerl's SFT reads the columns its data format needs", bool, True),
+    "dataset_num_proc": moot("barerl tokenizes in the training process", int | None, None),
+    "packing_strategy": moot("barerl packs whole sequences in data order into passes of max_tokens_per_microbatch "
+                             "tokens", str, "bfd", _refuse_packing),
+    "padding_free": moot("barerl never pads: sequences run packed, attention within each", bool, False),
+    "eval_packing": moot("barerl's evaluation always packs (attention within each sequence: the loss does not "
+                         "change)", bool | None, None),
+    "pad_token": moot("barerl never pads", str | None, None),
+    # UNSUPPORTED
+    "router_aux_loss_coef": TRL_GRPO_NAMES["router_aux_loss_coef"],
+    "chat_template_path": unsupported("barerl renders chats with the model folder's own chat template",
+                                      str | None, None),
+    "dataset_kwargs": unsupported("barerl always prepares the dataset itself (skip_prepare_dataset: false)",
+                                  dict | None, None, lambda v, c: not v or v == {"skip_prepare_dataset": False}),
+    "eos_token": unsupported("barerl ends each sequence with the tokenizer's eos token", str | None, None),
+    "truncation_mode": unsupported("barerl truncates at max_length keeping the start", str, "keep_start"),
+    "loss_type": unsupported("barerl's SFT loss is the negative log-likelihood (no DFT)", str, "nll",
+                             lambda v, c: v in ("nll", "chunked_nll")),
+    "activation_offloading": unsupported("activations stay on the GPU (gradient_checkpointing saves their memory)",
+                                         bool, False),
+}
+
+SFT_NAMES = {**TRAINING_ARGS_NAMES, **TRL_SFT_NAMES}  # what each job accepts besides its fields
+GRPO_NAMES = {**TRAINING_ARGS_NAMES, **TRL_GRPO_NAMES}
+
+
+def resolve(name: str, value: Any, config: Values, table: Mapping[str, TRLName] = GRPO_NAMES
+            ) -> tuple[dict, str | None]:
     """TRL's `name` = `value` (coerced to the entry's type) as (barerl values, the notice to show or None);
     a ConfigError for a value barerl cannot honour. `config`: the values given so far over the defaults."""
-    entry = TRL_GRPO_NAMES[name]
+    entry = table[name]
     if entry.kind == RENAMED:
         values = entry.convert(value, config) if entry.convert else {entry.why: value}
         taken = ", ".join(f"{k}={v!r}" for k, v in values.items()) or "nothing changes"
@@ -255,5 +485,5 @@ def resolve(name: str, value: Any, config: Values) -> tuple[dict, str | None]:
     return {}, None
 
 
-def names_of(kind: str) -> list[str]:
-    return [name for name, entry in TRL_GRPO_NAMES.items() if entry.kind == kind]
+def names_of(kind: str, table: Mapping[str, TRLName] = TRL_GRPO_NAMES) -> list[str]:
+    return [name for name, entry in table.items() if entry.kind == kind]
