@@ -8,7 +8,7 @@
 # Each folder is a few MB: carry it beside the working tree and pass it to bench/gpu_run.sh --wheels.
 # vLLM travels apart, in two parts (../shared/peers/vllm or its own split script).
 set -euo pipefail
-[ $# -eq 1 ] || { sed -n '2,10p' "$0"; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,9p' "$0"; exit 2; }
 DIR=$1
 PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
           --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64

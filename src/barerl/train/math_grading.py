@@ -245,10 +245,15 @@ def normalize_answer(answer: str) -> str:
     s = re.sub(r"\s+", "", _clean(answer)).rstrip(".")
     s = _final_side(s)
     s = re.sub(r"^[a-zA-Z]\\in", "", s)  # "x\in[0,1]" -> "[0,1]"
-    while s.startswith("{") and s.endswith("}") and extract_boxed("\\boxed" + s) == s[1:-1]:
-        s = s[1:-1]
-    s = s.lower()
+    s = _without_outer_braces(s).lower()
     return re.sub(r"^\(([a-z])\)$", r"\1", s)  # a multiple-choice letter
+
+
+def _without_outer_braces(s: str) -> str:
+    """`s` without the braces that enclose all of it ("{{5}}" is "5"; "{1}{2}" stays)."""
+    while s.startswith("{") and s.endswith("}") and extract_boxed("\\boxed" + s) == s[1:-1]:
+        s = s[1:-1].strip()
+    return s
 
 
 def _is_assignee(s: str) -> bool:
@@ -375,8 +380,7 @@ def _listed_items(answer: str) -> list[str] | None:
     assignment = re.match(r"([^=]*?)(?:=|\\in(?![a-z]))", s)
     if assignment and _is_assignee(assignment.group(1)):
         s = s[assignment.end():].strip()
-    while s.startswith("{") and s.endswith("}") and extract_boxed("\\boxed" + s) == s[1:-1]:
-        s = s[1:-1].strip()
+    s = _without_outer_braces(s)
     is_set = s.startswith("\\{") and s.endswith("\\}")
     items = [item for part in _split_top_level(s[2:-2] if is_set else s) for item in _expand_plus_minus(part)]
     return items if is_set or len(items) > 1 else None
