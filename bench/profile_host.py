@@ -26,8 +26,10 @@ class NullModel:
 
     def __init__(self, vocab_size: int, max_positions: int):
         self.cfg = SimpleNamespace(vocab_size=vocab_size, max_position_embeddings=max_positions, eos_token_ids=[])
-        self.backend = SimpleNamespace(sample=self._sample, advance_decode=ref.advance_decode)
+        self.ops = SimpleNamespace(sample=self._sample, advance_decode=ref.advance_decode,
+                                   defer_decode_tuning=ref.defer_decode_tuning)
         self.xp, self.dtype, self.device = np, np.dtype(np.float32), "cpu"
+        self.batch_invariant, self.lora = False, None
 
     def kv_cache_bytes_per_token(self) -> int:
         return 8

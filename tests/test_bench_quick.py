@@ -261,6 +261,10 @@ def test_profile_train_step():
     assert "micro-batch" in bench("profile_train_step.py", "--quick").stdout
 
 
+def test_profile_host():
+    assert "us of host time per decode step" in bench("profile_host.py", "--cases", "4x32", "--profile").stdout
+
+
 @pytest.mark.parametrize("script", OP_PROBES)
 def test_op_probe_command_line(script):
     assert "usage" in bench(script, "--help").stdout

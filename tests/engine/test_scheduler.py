@@ -141,6 +141,17 @@ def test_lookahead_needs_a_sequence_that_takes_half_its_steps_and_positions_for_
     assert near_the_end.sequences[0].finish_reason == "length"
 
 
+def test_positions_past_max_model_len_let_a_lookahead_run_to_its_end():
+    """The engine's block tables hold 2K - 1 positions past max_model_len: the last tokens before it take one
+    lookahead batch (its steps past max_model_len dropped), not a single step each."""
+    sched = Scheduler(128, 4, 8, 32, max_model_len=10, table_positions=10 + 15)
+    near_the_end = make_request(4, max_tokens=100)  # 6 positions left before max_model_len
+    sched.add(near_the_end)
+    assert run_with_lookahead(sched, 8) == [1, 8]
+    seq = near_the_end.sequences[0]
+    assert seq.finish_reason == "length" and seq.num_tokens == 10
+
+
 def test_a_continuation_runs_on_while_one_sequence_may_take_half_its_steps():
     sched = make_scheduler(num_blocks=128, max_model_len=128)
     short, long = make_request(4, max_tokens=3), make_request(4, max_tokens=13)

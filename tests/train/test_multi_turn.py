@@ -17,6 +17,7 @@ from barerl.tokenizer import Tokenizer
 from barerl.train.config import GRPOConfig
 from barerl.train.environments import Environment, Observation
 from barerl.train.episode import ENVIRONMENT_TOKEN, ChatTokens, Episode
+from barerl.train import episode_loop
 from barerl.train.episode_loop import EpisodeLoop, LoopStats, turn_seed
 from barerl.train.episode_metrics import EpisodeStats
 from barerl.train.multi_turn import MultiTurnRollouts
@@ -206,6 +207,19 @@ def test_episodes_decode_while_one_waits_for_its_environment(chat_llm, chat_toke
     # the engine idled only while every unfinished episode waited: at most the slow one's three naps
     assert 0.0 < stats.idle_seconds < 1.5 < stats.wall_seconds
     assert stats.engine_seconds + stats.idle_seconds <= stats.wall_seconds
+
+
+def test_an_idle_loop_takes_in_the_steps_that_come_back_together(monkeypatch):
+    """Once the engine idles, steps finishing within _GATHER_GAP of each other are taken in together (one
+    admission step for their turns), and a straggler is not waited for."""
+    monkeypatch.setattr(episode_loop, "_GATHER_GAP", 0.05)
+    with WorkerPool(8) as pool:
+        loop = EpisodeLoop(None, pool, SamplingParams())
+        loop._pending = [pool.submit(time.sleep, 0.2 + 0.01 * i) for i in range(4)] + [pool.submit(time.sleep, 3.0)]
+        start = time.perf_counter()
+        ready = loop._ready_steps(wait=True)
+        assert len(ready) == 4 and time.perf_counter() - start < 1.0
+        assert loop._pending and not loop._pending[0].done
 
 
 def test_limits_end_episodes_as_recorded(chat_llm, chat_tokenizer):

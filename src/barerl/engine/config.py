@@ -76,13 +76,21 @@ def kv_cache_size(model: Model, cfg: EngineConfig) -> tuple[int, int]:
         num_blocks = kv_blocks_in_budget(model, cfg)
         if cfg.max_model_len is None:  # the model's own limit, as far as the cache can hold it
             max_model_len = min(max_model_len, num_blocks * bs)
-        num_blocks = min(num_blocks, cfg.max_num_seqs * -(-max_model_len // bs))  # never more than usable
+        usable = cfg.max_num_seqs * -(-block_table_positions(cfg, max_model_len) // bs)
+        num_blocks = min(num_blocks, usable)
     if num_blocks * bs < max_model_len:
         raise ValueError(
             f"LLM: the KV cache holds {num_blocks} blocks x {bs} tokens, fewer than max_model_len="
             f"{max_model_len}: lower max_model_len or give the cache more memory"
         )
     return max_model_len, num_blocks
+
+
+def block_table_positions(cfg: EngineConfig, max_model_len: int) -> int:
+    """Positions a sequence's block table may hold: max_model_len, and the 2K - 1 past it that lookahead steps
+    (K = num_scheduler_steps, and a continuation's K more) write after the sequence's last token, so that a
+    lookahead never falls back to single steps for want of positions near max_model_len."""
+    return max_model_len + (2 * cfg.num_scheduler_steps - 1 if cfg.num_scheduler_steps > 1 else 0)
 
 
 def max_batched_tokens(cfg: EngineConfig, max_model_len: int) -> int:

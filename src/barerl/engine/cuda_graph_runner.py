@@ -10,12 +10,13 @@ forward + sample + `advance_decode` rounds: one launch and one host sync per K t
   rows. Each step copies its host arrays into them (four copies from pinned memory, the block table as a 2D
   copy of only the columns in use) and pads the rows past the batch: slot -1 (nothing is written to the
   cache), context length 1 (attends to block 0's first row, whatever it holds), greedy sampling.
-- The block table keeps max_model_len / block_size columns, so `paged_attention` picks its split count from
-  shapes alone and one graph serves every context length.
+- The block table keeps table_positions / block_size columns (max_model_len and the positions lookahead
+  steps write past it), so `paged_attention` picks its split count from shapes alone and one graph serves
+  every context length.
 - Capture allocates from a private memory pool: the temporaries a graph reuses on every replay can never be
   handed to arrays outside the graphs. Graphs of different buckets share that pool (never run together).
   Graphs are captured lazily, when a step first needs them.
-- Rope tables are built for max_model_len before capture (`forward_paged(max_position=...)` then never syncs
+- Rope tables are built for table_positions before capture (`forward_paged(max_position=...)` then never syncs
   or reallocates them). The weights are read in place: optimizer updates reach the next replay, LoRA
   adapters' too (their buffer keeps its address); adapters attached to the model after a capture make the
   graphs stale, and they are captured again.
@@ -139,7 +140,7 @@ class _StaticInputs:
 class CudaGraphRunner(ModelRunner):
     """ModelRunner whose decode-only steps replay CUDA graphs (module docstring). Same interface."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int):
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, table_positions: int):
         import cupy
 
         # before the base class allocates the cache: its fixed address (None: a plain allocation)
@@ -147,13 +148,13 @@ class CudaGraphRunner(ModelRunner):
         self._kv_memory = RemappableBuffer.create(cache_bytes)
         super().__init__(model, num_blocks, block_size)
         self.buckets = batch_buckets(max_num_seqs)
-        self.max_model_len = max_model_len
-        self.static = _StaticInputs(self.buckets[-1], -(-max_model_len // block_size))
+        self.table_positions = table_positions
+        self.static = _StaticInputs(self.buckets[-1], -(-table_positions // block_size))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch, steps) -> (graph, tokens, logprobs)
         self._pool = None
         self._captured_with = None  # (KV cache address, LoRA adapters) the graphs were captured with
-        model._ensure_rope(max_model_len)  # before capture, with the default allocator: graphs read these
+        model._ensure_rope(table_positions)  # before capture, with the default allocator: graphs read these
 
     def allocate_kv_cache(self) -> None:
         if self._kv_memory is None or self.kv_cache is not None:
@@ -266,5 +267,5 @@ class CudaGraphRunner(ModelRunner):
             return self.model.ops.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"],
                                              v["seeds"], counters)
 
-        tokens, logprobs = self.decode_steps(v, num_steps, sample, max_position=self.max_model_len - 1)
+        tokens, logprobs = self.decode_steps(v, num_steps, sample, max_position=self.table_positions - 1)
         return (tokens[0], logprobs[0]) if num_steps == 1 else (tokens, logprobs)

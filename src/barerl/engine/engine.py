@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from barerl.engine.config import EngineConfig, kv_cache_size, max_batched_tokens
+from barerl.engine.config import EngineConfig, block_table_positions, kv_cache_size, max_batched_tokens
 from barerl.engine.detokenizer import Detokenizer
 from barerl.engine.model_runner import ModelRunner
 from barerl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -44,9 +44,10 @@ class Engine:
         self.model, self.tokenizer, self.config = model, tokenizer, cfg
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len, num_blocks = kv_cache_size(model, cfg)
+        self.table_positions = block_table_positions(cfg, self.max_model_len)
         self.scheduler = Scheduler(
             num_blocks, cfg.block_size, cfg.max_num_seqs, max_batched_tokens(cfg, self.max_model_len),
-            self.max_model_len, cfg.enable_chunked_prefill, cfg.enable_prefix_caching,
+            self.max_model_len, cfg.enable_chunked_prefill, cfg.enable_prefix_caching, self.table_positions,
         )
         self.runner = self._make_runner(num_blocks)
         self._warn_if_invariant_decode_is_narrow()
@@ -61,7 +62,7 @@ class Engine:
             return ModelRunner(self.model, num_blocks, cfg.block_size)
         from barerl.engine.cuda_graph_runner import CudaGraphRunner
 
-        return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.max_model_len)
+        return CudaGraphRunner(self.model, num_blocks, cfg.block_size, cfg.max_num_seqs, self.table_positions)
 
     def _warn_if_invariant_decode_is_narrow(self) -> None:
         """Batch-invariant decode attention keeps one CTA per (sequence, kv head) over all its keys (no split):

@@ -15,11 +15,12 @@ it forks into n right after its prefill. Finished sequences free their blocks at
 
 Lookahead (`schedule(num_steps=K)`, vLLM's multi-step scheduling): a decode-only batch with nothing waiting
 gets the blocks of its next K tokens at once and runs K steps in one runner call, so the host schedules once
-per K tokens. Only when every sequence has K more positions (max_model_len), some sequence may take at least
-half of them (max_tokens: near their ends, single steps would cost a launch per token for the whole batch,
-while steps past a sequence's max_tokens only compute tokens that are dropped), none still has banned tokens
-(min_tokens) or forks, and the cache has the blocks; otherwise the step is a single one. Tokens drawn after
-a sequence stops are dropped by `update`, which the engine calls once per step taken.
+per K tokens. Only when every sequence has K more positions in its block table (`table_positions`: the
+engine gives it 2K - 1 beyond max_model_len), some sequence may take at least half of them (max_tokens and
+max_model_len: near their ends, single steps would cost a launch per token for the whole batch, while steps
+past a sequence's stop only compute tokens that are dropped), none still has banned tokens (min_tokens) or
+forks, and the cache has the blocks; otherwise the step is a single one. Tokens drawn after a sequence stops
+are dropped by `update`, which the engine calls once per step taken.
 A lookahead batch still running can be followed by its continuation (`schedule_continuation`: the same
 sequences, K more steps, blocks taken now), which the runner starts before the host records the first
 batch's tokens (vLLM's async scheduling). Those tokens are unknown then, so a continuation needs 2K positions
@@ -77,11 +78,15 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
+        table_positions: int | None = None,
     ):
+        """table_positions: positions a block table may hold (default max_model_len): lookahead steps past a
+        sequence's last token write there."""
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)  # the KV cache's blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.table_positions = table_positions or max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first
@@ -148,11 +153,11 @@ class Scheduler:
     def _room(self, seq: Sequence) -> int:
         """Tokens seq may still generate (max_tokens, max_model_len)."""
         max_tokens = seq.params.max_tokens or self.max_model_len
-        return min(max_tokens - seq.num_output_tokens, self._positions_left(seq))
+        return min(max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
 
     def _positions_left(self, seq: Sequence) -> int:
         """Positions of the cache's block table left to seq (steps past its stop still write their keys)."""
-        return self.max_model_len - seq.num_tokens
+        return self.table_positions - seq.num_tokens
 
     def schedule_continuation(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The lookahead batch after `batch`, whose tokens are not recorded yet: the same sequences for

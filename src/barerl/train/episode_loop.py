@@ -21,7 +21,12 @@ Design decisions:
 - Environment steps run in a WorkerPool. Between engine steps the loop takes in the steps that are done,
   without blocking; it waits for one only when the engine has nothing to run because every unfinished
   episode waits for its environment. That wait is the engine's idle time (`LoopStats.idle_seconds`).
-- Then which turns share an engine step depends on how long environment steps take, and on the CPU (or
+  Then, with a step back, the loop goes on taking in steps while they keep arriving (at most _GATHER_GAP
+  apart, for at most _GATHER_SHARE of the longest one's own time): the steps of a batch of turns
+  that ended together come back within milliseconds of each other, and the step that admits them costs
+  about the same for one turn as for all of them (an eager forward, its launches host-bound), while each
+  later arrival would stop the running batch's lookahead for a step of its own.
+- Which turns share an engine step depends on how long environment steps take, and on the CPU (or
   the GPU without batch_invariant) a token's log-prob depends in its last bits on what it was batched
   with. `deterministic=True` takes every step in at the engine step after the one that submitted it,
   waiting for it if need be (counted as idle), in the order they were submitted: the batches, and so
@@ -46,6 +51,10 @@ from barerl.train.episode import Episode
 from barerl.train.worker_pool import Job, WorkerPool
 
 _WAIT_SECONDS = 1.0  # longest single wait for an environment step while the engine is idle
+# seconds between arrivals that still count as one batch (module docstring): Python's thread switch interval, the
+# longest a finished step's thread may wait for the interpreter lock before it can report
+_GATHER_GAP = 0.005
+_GATHER_SHARE = 0.25  # of an environment step's own time, the most that gathering may add to the wait
 
 
 def turn_seed(group_seed: int, sample_index: int, turn: int) -> int:
@@ -114,12 +123,24 @@ class EpisodeLoop:
         if wait and self.deterministic:
             for job in self._pending:
                 job.finished.wait()
-        elif wait and self._pending and not any(job.done for job in self._pending):
-            self.steps.wait(_WAIT_SECONDS)
+        elif wait and self._pending:
+            if not any(job.done for job in self._pending):
+                self.steps.wait(_WAIT_SECONDS)
+            self._gather()
         self.steps.poll()  # the pool's own list of finished jobs: the order kept here is the submission order
         ready = [job for job in self._pending if job.done]
         self._pending = [job for job in self._pending if not job.done]
         return ready
+
+    def _gather(self) -> None:
+        """Wait while pending steps keep finishing at most _GATHER_GAP apart, for at most _GATHER_SHARE of the
+        longest one's time."""
+        done = [job.seconds or 0.0 for job in self._pending if job.done]
+        deadline = time.perf_counter() + _GATHER_SHARE * max(done, default=0.0)
+        while not all(job.done for job in self._pending):
+            left = deadline - time.perf_counter()
+            if left <= 0 or not self.steps.wait(min(_GATHER_GAP, left)):
+                return
 
     # ---------------------------------------------------------------------------------------------- requests
 

@@ -6,8 +6,10 @@ continues each episode whose job came back. A blocking `run_all` serves callers 
 jobs done before they go on (the tool calls of one turn).
 
 Design decisions:
-- One thread per running job, at most `num_workers` at once; the others wait in a queue. A job's
-  timeout counts from its start, not from its submission.
+- At most `num_workers` jobs run at once, each on a thread of its own; the others wait in a queue. A
+  job's timeout counts from its start, not from its submission. Threads outlive their jobs: an idle one
+  is handed the next job (tens of microseconds where starting a thread costs hundreds, so the steps of a
+  batch of turns that ended together start, and come back, together).
 - Python cannot kill a thread. A job past its timeout is reported as timed out at once and its slot is
   given to the next job; the thread is abandoned (its eventual result dropped) and counted in
   `num_abandoned` until it returns. Code that may never return belongs in the sandbox, whose processes
@@ -25,6 +27,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class _Worker:
+    """A pool thread's mailbox: the job it is handed next (None: exit), and the event that wakes it."""
+
+    __slots__ = ("job", "wake")
+
+    def __init__(self):
+        self.job: Job | None = None
+        self.wake = threading.Event()
 
 
 @dataclass(eq=False)
@@ -63,6 +75,7 @@ class WorkerPool:
         self._lock = threading.Condition()
         self._queue: deque[Job] = deque()
         self._running: set[Job] = set()
+        self._idle: list[_Worker] = []  # threads waiting for a job, the most recently idle last
         self._finished: list[Job] = []
         self._abandoned = 0
         self._closed = False
@@ -122,6 +135,9 @@ class WorkerPool:
         with self._lock:
             self._closed = True
             self._queue.clear()
+            for worker in self._idle:
+                worker.wake.set()  # with no job: the thread ends
+            self._idle.clear()
             self._lock.notify_all()
 
     def __enter__(self):
@@ -137,8 +153,13 @@ class WorkerPool:
             job = self._queue.popleft()
             job.started = time.monotonic()
             self._running.add(job)
-            name = f"{self.name}-{next(self._ids)}"
-            threading.Thread(target=self._run, args=(job,), name=name, daemon=True).start()
+            if self._idle:
+                worker = self._idle.pop()
+                worker.job = job
+                worker.wake.set()
+            else:
+                name = f"{self.name}-{next(self._ids)}"
+                threading.Thread(target=self._work, args=(job,), name=name, daemon=True).start()
         self._lock.notify_all()  # the watchdog's nearest deadline may have changed
 
     def _finish(self, job: Job) -> None:
@@ -149,18 +170,29 @@ class WorkerPool:
         job.finished.set()
         self._start_queued()
 
-    def _run(self, job: Job) -> None:
-        """A job's thread (without the lock)."""
-        try:
-            result, error = job.fn(*job.args), None
-        except BaseException as e:  # noqa: BLE001 -- a job's failure is its result
-            result, error = None, e
-        with self._lock:
-            if job.timed_out:
-                self._abandoned -= 1
-                return
-            job.result, job.error = result, error
-            self._finish(job)
+    def _work(self, job: Job | None) -> None:
+        """A pool thread (without the lock): runs its job, then waits to be handed the next one. The thread of a
+        job that timed out ends when the job returns (its slot went to another thread)."""
+        worker = _Worker()
+        while job is not None:
+            try:
+                result, error = job.fn(*job.args), None
+            except BaseException as e:  # noqa: BLE001 -- a job's failure is its result
+                result, error = None, e
+            with self._lock:
+                if job.timed_out:
+                    self._abandoned -= 1
+                    return
+                job.result, job.error = result, error
+                worker.job = None
+                worker.wake.clear()
+                self._idle.append(worker)  # before _finish: it may hand this thread the next queued job
+                self._finish(job)
+                if self._closed and worker in self._idle:
+                    self._idle.remove(worker)
+                    return
+            worker.wake.wait()
+            job = worker.job
 
     def _watch(self) -> None:
         """The watchdog thread: time out running jobs past their deadline."""
