@@ -12,7 +12,11 @@ the multi-turn wall time) and the prefix-cache hit rate of continued turns. Each
 warm-up run of the same shape (kernels compiled, CUDA graphs captured). The tool results are fixed ids
 (no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
 
-    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick]
+    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace]
+
+`--trace` adds where the measured multi-turn run's time went, by kind of engine step: admissions (new
+turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
+waits for tools).
 
 `--quick` runs the same code on the CPU with a tiny model (8 episodes of 4 turns x 16 tokens, 8-token tool
 results, 10 ms sleeps): a check that the benchmark works, not a measurement.
@@ -91,7 +95,41 @@ def episodes(prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> list
             for p, prompt in enumerate(prompts)]
 
 
-def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> dict:
+class StepTrace:
+    """Wraps an engine's step: for each, its kind ('admit': requests were waiting, so it prefilled new turns;
+    'lookahead': several tokens a sequence; 'single') and the host's seconds in it."""
+
+    def __init__(self, engine):
+        self.engine, self.steps = engine, []
+
+    def __enter__(self):
+        def step(*args, **kwargs):
+            scheduler = self.engine.scheduler
+            admits, running = bool(scheduler.waiting), len(scheduler.running)
+            start = time.perf_counter()
+            sampled = original(*args, **kwargs)
+            kind = "admit" if admits else "lookahead" if len(sampled) > max(running, 1) else "single"
+            self.steps.append((kind, time.perf_counter() - start))
+            return sampled
+
+        original = self.engine.step
+        self.engine.step = step
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.engine.step  # the instance attribute: the class's method again
+
+    def summary(self, wall_seconds: float) -> str:
+        kinds = {}
+        for kind, seconds in self.steps:
+            count, total = kinds.get(kind, (0, 0.0))
+            kinds[kind] = (count + 1, total + seconds)
+        in_steps = sum(seconds for _, seconds in self.steps)
+        parts = [f"{kind} {count} steps {total:.3f} s" for kind, (count, total) in sorted(kinds.items())]
+        return ", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s"
+
+
+def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False) -> dict:
     from barerl.engine.sampling_params import SamplingParams
     from barerl.train.episode_loop import EpisodeLoop
     from barerl.train.episode_metrics import EpisodeStats
@@ -99,14 +137,15 @@ def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedToke
 
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
-    with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps:
+    with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps, StepTrace(llm.engine) as traced:
         stats = EpisodeLoop(llm.engine, steps, params, step_timeout=60).run(groups)
     played = [e for group in groups for e in group]
     assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]
     metrics = EpisodeStats.from_episodes(played, stats).metrics()
     return {"seconds": stats.wall_seconds, "sampled": sum(e.num_sampled_tokens for e in played),
             "episodes": len(played), "idle_share": metrics["time/gpu_idle_share"],
-            "cache_hit_rate": metrics["engine/prefix_cache_hit_rate"], "engine_seconds": stats.engine_seconds}
+            "cache_hit_rate": metrics["engine/prefix_cache_hit_rate"], "engine_seconds": stats.engine_seconds,
+            "trace": traced.summary(stats.wall_seconds) if trace else None}
 
 
 def run_single_turn(llm, prompts: list[list[int]], shape: Shape) -> dict:
@@ -148,6 +187,7 @@ def synchronize(llm) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
+    parser.add_argument("--trace", action="store_true", help="where the multi-turn run's time went, by step kind")
     parser.add_argument("--batch-invariant", default="off", choices=["on", "off"],
                         help="the engine's batch_invariant (G1's figures are with it off)")
     args = parser.parse_args(argv)
@@ -159,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     codec = FixedTokens(rng.integers(0, vocab, shape.tool_tokens).tolist())
     for _ in range(2):  # the first of each is the warm-up
         synchronize(llm)
-        multi = run_multi_turn(llm, prompts, shape, codec)
+        multi = run_multi_turn(llm, prompts, shape, codec, args.trace)
         single = run_single_turn(llm, prompts, shape)
     rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
@@ -170,6 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{shape.tool_tokens}-token tool results after {shape.tool_seconds * 1e3:.0f} ms")
     print(f"  multi-turn : {multi['seconds']:.3f} s, {result['episodes_per_s']:.1f} episodes/s, {rate:.0f} new tok/s, "
           f"GPU idle share {result['gpu_idle_share']:.1%}, prefix-cache hit rate {result['prefix_cache_hit_rate']:.1%}")
+    if multi["trace"]:
+        print(f"  trace      : {multi['trace']}")
     print(f"  single-turn: {single['seconds']:.3f} s, {single_rate:.0f} new tok/s "
           f"({shape.num_prompts} x {shape.samples} x {shape.turns * shape.turn_tokens} tokens)")
     print(f"  ratio      : {result['ratio']:.1%} of single-turn tok/s (goal >= 85%)")
