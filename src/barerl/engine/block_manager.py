@@ -65,11 +65,12 @@ class BlockManager:
         prev_hash = None
         for i in range((seq.num_tokens - 1) // self.block_size):
             key = self._block_key(seq, i, prev_hash)
-            block_id = self.cached_block_ids.get(hash(key))
+            key_hash = hash(key)  # a tuple's hash is not cached: computed once per block
+            block_id = self.cached_block_ids.get(key_hash)
             if block_id is None or self.blocks[block_id].key != key:
                 break
             hits.append(block_id)
-            prev_hash = hash(key)
+            prev_hash = key_hash
         return hits
 
     def can_allocate(self, seq: Sequence, hits: list[int]) -> bool:
@@ -141,11 +142,12 @@ class BlockManager:
             return
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
             key = self._block_key(seq, i, seq.block_hashes[-1] if seq.block_hashes else None)
-            seq.block_hashes.append(hash(key))
+            key_hash = hash(key)
+            seq.block_hashes.append(key_hash)
             block = self.blocks[seq.block_table[i]]
-            if block.hash is None and hash(key) not in self.cached_block_ids:
-                block.key, block.hash = key, hash(key)
-                self.cached_block_ids[block.hash] = block.block_id
+            if block.hash is None and key_hash not in self.cached_block_ids:
+                block.key, block.hash = key, key_hash
+                self.cached_block_ids[key_hash] = block.block_id
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first so that a prefix's head stays cached longest."""
