@@ -263,26 +263,15 @@ struct PagedKeys {
     const scalar_t* v_cache;
     const int* table;  // the sequence's block table row
     int block_size, num_kv_heads;
-    // A thread copies the same column of rows tid / CHUNKS + i * ROW_STEP: their block-table reads all go out
-    // before the first copy (each cp.async is a volatile asm with a memory clobber, which no load crosses).
-    static constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    static constexpr int ROW_STEP = FWD_THREADS / CHUNKS, ROWS = FWD_BN / ROW_STEP;
-    static_assert(FWD_THREADS % CHUNKS == 0 && FWD_BN % ROW_STEP == 0, "paged tiles: whole rows per thread");
     __device__ __forceinline__ void load(scalar_t* sk, scalar_t* sv, int key0, int len) const {
-        const int r0 = threadIdx.x / CHUNKS, col = (threadIdx.x % CHUNKS) * 8;
-        int block[ROWS];
-#pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const int key = key0 + r0 + i * ROW_STEP;
-            block[i] = key < len ? table[key / block_size] : -1;
-        }
-#pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const int r = r0 + i * ROW_STEP, key = key0 + r;
-            const long long slot = block[i] < 0 ? 0 : (long long)block[i] * block_size + key % block_size;
+        constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+        for (int c = threadIdx.x; c < FWD_BN * CHUNKS; c += FWD_THREADS) {
+            const int r = c / CHUNKS, col = (c % CHUNKS) * 8, key = key0 + r;
+            const bool valid = key < len;
+            const long long slot = valid ? (long long)table[key / block_size] * block_size + key % block_size : 0;
             const long long offset = slot * num_kv_heads * D + col;
-            cp_async16(sk + r * LD + col, k_cache + offset, block[i] < 0 ? 0 : 16);
-            cp_async16(sv + r * LD + col, v_cache + offset, block[i] < 0 ? 0 : 16);
+            cp_async16(sk + r * LD + col, k_cache + offset, valid ? 16 : 0);
+            cp_async16(sv + r * LD + col, v_cache + offset, valid ? 16 : 0);
         }
     }
 };
