@@ -239,8 +239,9 @@ def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads,
     from barerl.ops import cuda
 
     H, K, D = heads
-    lens = [1152, 700, 130, 64, 300, 2, 17]
-    new = [80, 1, 2, 64, 172, 1, 17]  # first new positions 1072 (mid-tile), 699, 128 (a tile's edge), 0, ...
+    lens = [1152, 700, 130, 64, 300, 2, 17, 500]
+    new = [80, 1, 2, 64, 172, 1, 17, 133]  # first new positions 1072 (mid-tile), 699, 128 (a tile's edge), 0, ..., 367
+    # (the kernel's blocks of query rows start at the first new token: warps whose rows straddle a key tile's edge)
     q, k, v, cu, k_cache, v_cache, tables = packed_and_paged(draw, BF16, lens, H, K, D, BLOCK_SIZE)
     scale = D**-0.5
     o_train, _ = cuda.attention(q, k, v, cu, scale)
