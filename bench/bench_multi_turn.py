@@ -12,11 +12,13 @@ the multi-turn wall time) and the prefix-cache hit rate of continued turns. Each
 warm-up run of the same shape (kernels compiled, CUDA graphs captured). The tool results are fixed ids
 (no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
 
-    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace]
+    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace] [--profile F]
 
 `--trace` adds where the measured multi-turn run's time went, by kind of engine step: admissions (new
 turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
-waits for tools).
+waits for tools); and each admission step's requests admitted and seconds. `--profile F` writes the host's
+functions in the measured multi-turn run (cProfile of the loop's thread, by own time and by time inside) to F: it slows
+the host, so its run's figures are not M1's.
 
 `--quick` runs the same code on the CPU with a tiny model (8 episodes of 4 turns x 16 tokens, 8-token tool
 results, 10 ms sleeps): a check that the benchmark works, not a measurement.
@@ -105,11 +107,11 @@ class StepTrace:
     def __enter__(self):
         def step(*args, **kwargs):
             scheduler = self.engine.scheduler
-            admits, running = bool(scheduler.waiting), len(scheduler.running)
+            waiting, running = len(scheduler.waiting), len(scheduler.running)
             start = time.perf_counter()
             sampled = original(*args, **kwargs)
-            kind = "admit" if admits else "lookahead" if len(sampled) > max(running, 1) else "single"
-            self.steps.append((kind, time.perf_counter() - start))
+            kind = "admit" if waiting else "lookahead" if len(sampled) > max(running, 1) else "single"
+            self.steps.append((kind, time.perf_counter() - start, waiting - len(scheduler.waiting)))
             return sampled
 
         original = self.engine.step
@@ -121,15 +123,19 @@ class StepTrace:
 
     def summary(self, wall_seconds: float) -> str:
         kinds = {}
-        for kind, seconds in self.steps:
+        for kind, seconds, _ in self.steps:
             count, total = kinds.get(kind, (0, 0.0))
             kinds[kind] = (count + 1, total + seconds)
-        in_steps = sum(seconds for _, seconds in self.steps)
+        in_steps = sum(seconds for _, seconds, _ in self.steps)
         parts = [f"{kind} {count} steps {total:.3f} s" for kind, (count, total) in sorted(kinds.items())]
-        return ", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s"
+        admissions = " ".join(f"{admitted}:{seconds * 1e3:.0f}ms" for kind, seconds, admitted in self.steps
+                              if kind == "admit")
+        return (", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s; admission steps "
+                f"(requests admitted:host time) {admissions}")
 
 
-def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False) -> dict:
+def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False,
+                   profile: str | None = None) -> dict:
     from barerl.engine.sampling_params import SamplingParams
     from barerl.train.episode_loop import EpisodeLoop
     from barerl.train.episode_metrics import EpisodeStats
@@ -138,7 +144,8 @@ def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedToke
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
     with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps, StepTrace(llm.engine) as traced:
-        stats = EpisodeLoop(llm.engine, steps, params, step_timeout=60).run(groups)
+        loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
+        stats = loop.run(groups) if profile is None else profiled(lambda: loop.run(groups), profile)
     played = [e for group in groups for e in group]
     assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]
     metrics = EpisodeStats.from_episodes(played, stats).metrics()
@@ -146,6 +153,22 @@ def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedToke
             "episodes": len(played), "idle_share": metrics["time/gpu_idle_share"],
             "cache_hit_rate": metrics["engine/prefix_cache_hit_rate"], "engine_seconds": stats.engine_seconds,
             "trace": traced.summary(stats.wall_seconds) if trace else None}
+
+
+def profiled(call, path: str):
+    """call() under cProfile; its functions by own time and by time inside them, 40 of each, written to path."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    result = profiler.runcall(call)
+    text = io.StringIO()
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(40)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+    return result
 
 
 def run_single_turn(llm, prompts: list[list[int]], shape: Shape) -> dict:
@@ -188,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
     parser.add_argument("--trace", action="store_true", help="where the multi-turn run's time went, by step kind")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile of the measured multi-turn run, written to FILE")
     parser.add_argument("--batch-invariant", default="off", choices=["on", "off"],
                         help="the engine's batch_invariant (G1's figures are with it off)")
     args = parser.parse_args(argv)
@@ -197,9 +221,9 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = llm.model.cfg.vocab_size
     prompts = rng.integers(0, vocab, (shape.num_prompts, PROMPT_LEN)).tolist()
     codec = FixedTokens(rng.integers(0, vocab, shape.tool_tokens).tolist())
-    for _ in range(2):  # the first of each is the warm-up
+    for warm_up in (True, False):
         synchronize(llm)
-        multi = run_multi_turn(llm, prompts, shape, codec, args.trace)
+        multi = run_multi_turn(llm, prompts, shape, codec, args.trace, None if warm_up else args.profile)
         single = run_single_turn(llm, prompts, shape)
     rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,

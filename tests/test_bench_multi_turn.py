@@ -1,5 +1,5 @@
 """bench/bench_multi_turn.py (workload M1) runs: its --quick form on the CPU plays every episode to its end
-and reports the rates, the ratio, the idle share and where the time went."""
+and reports the rates, the ratio, the idle share and where the time went, and its profile."""
 
 import os
 import subprocess
@@ -9,12 +9,15 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 
 
-def test_quick_m1_runs_on_the_cpu():
+def test_quick_m1_runs_on_the_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_multi_turn.py"), "--quick", "--trace"],
-                            env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    profile = tmp_path / "m1_profile.txt"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_multi_turn.py"), "--quick", "--trace",
+                             "--profile", str(profile)],
+                            env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "episodes/s" in result.stdout and "of single-turn tok/s" in result.stdout
     assert "prefix-cache hit rate 100.0%" in result.stdout  # every continued turn found its earlier blocks
     assert "trace      : admit" in result.stdout and "between steps" in result.stdout
+    assert "admission steps (requests admitted:host time) " in result.stdout
+    assert "function calls" in profile.read_text() and "episode_loop.py" in profile.read_text()
