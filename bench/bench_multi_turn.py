@@ -9,7 +9,8 @@ new (sampled) tokens/s, the G1-style single-turn rate at equal sampled tokens (t
 1,024 new tokens, measured in the same process on the same engine), their ratio (goal: >= 85%), the GPU
 idle share (time the engine had nothing to run because every unfinished episode waited for its tool, over
 the multi-turn wall time) and the prefix-cache hit rate of continued turns. Each measurement follows a
-warm-up run of the same shape (kernels compiled, CUDA graphs captured). The tool results are fixed ids
+warm-up run of the same shape (kernels compiled, CUDA graphs captured, the environment pool's threads
+started: one pool serves both runs, as GRPO keeps one for its whole run). The tool results are fixed ids
 (no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
 
     PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace] [--profile F]
@@ -134,16 +135,16 @@ class StepTrace:
                 f"(requests admitted:host time) {admissions}")
 
 
-def run_multi_turn(llm, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False,
+def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False,
                    profile: str | None = None) -> dict:
+    """steps: the environment steps' WorkerPool, one for every run, as GRPO keeps one for its whole run."""
     from barerl.engine.sampling_params import SamplingParams
     from barerl.train.episode_loop import EpisodeLoop
     from barerl.train.episode_metrics import EpisodeStats
-    from barerl.train.worker_pool import WorkerPool
 
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
-    with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps, StepTrace(llm.engine) as traced:
+    with StepTrace(llm.engine) as traced:
         loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
         stats = loop.run(groups) if profile is None else profiled(lambda: loop.run(groups), profile)
     played = [e for group in groups for e in group]
@@ -208,6 +209,8 @@ def synchronize(llm) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from barerl.train.worker_pool import WorkerPool
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
     parser.add_argument("--trace", action="store_true", help="where the multi-turn run's time went, by step kind")
@@ -221,10 +224,11 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = llm.model.cfg.vocab_size
     prompts = rng.integers(0, vocab, (shape.num_prompts, PROMPT_LEN)).tolist()
     codec = FixedTokens(rng.integers(0, vocab, shape.tool_tokens).tolist())
-    for warm_up in (True, False):
-        synchronize(llm)
-        multi = run_multi_turn(llm, prompts, shape, codec, args.trace, None if warm_up else args.profile)
-        single = run_single_turn(llm, prompts, shape)
+    with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps:
+        for warm_up in (True, False):
+            synchronize(llm)
+            multi = run_multi_turn(llm, steps, prompts, shape, codec, args.trace, None if warm_up else args.profile)
+            single = run_single_turn(llm, prompts, shape)
     rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
               "single_turn_tok_s": single_rate, "ratio": rate / single_rate, "gpu_idle_share": multi["idle_share"],

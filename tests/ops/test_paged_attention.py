@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_harness import BF16, DTYPES, FP16, FP32, assert_close, f32, launcher, poisoned
+from kernel_harness import BF16, DTYPES, FP16, FP32, Draw, assert_close, f32, launcher, poisoned
 
 from barerl.ops import ref
 
@@ -227,13 +227,10 @@ def test_invariant_strided_q_view_of_a_fused_qkv(draw):
     assert same_bits(out, o_train) == 0.0
 
 
-@pytest.mark.parametrize("batch_invariant", [True, False], ids=["invariant", "default"])
-@pytest.mark.parametrize("heads", [(16, 8, 128), (8, 2, 64)], ids=lambda h: f"H{h[0]}K{h[1]}D{h[2]}")
-def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads, batch_invariant):
+def prefill_after_prefix(draw, heads, batch_invariant):
     """A step as a continued conversation or chunked prefill makes it: some sequences' last tokens queried
     against their cached prefix (new tokens starting mid-tile and on a tile's edge), decode rows between them.
-    Every row is bitwise its training row, in either setting (the tiled prefill kernel and the invariant decode
-    kernel), and the reference's within bf16 tolerance."""
+    Returns the paged kernels' rows, the training forward's same rows and the reference's inputs."""
     import cupy
 
     from barerl.ops import cuda
@@ -241,7 +238,7 @@ def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads,
     H, K, D = heads
     lens = [1152, 700, 130, 64, 300, 2, 17, 500]
     new = [80, 1, 2, 64, 172, 1, 17, 133]  # first new positions 1072 (mid-tile), 699, 128 (a tile's edge), 0, ..., 367
-    # (the kernel's blocks of query rows start at the first new token: warps whose rows straddle a key tile's edge)
+    # (1072 and 367 start mid-tile and mid-warp: the kernel's blocks start at training's, 1024 and 256)
     q, k, v, cu, k_cache, v_cache, tables = packed_and_paged(draw, BF16, lens, H, K, D, BLOCK_SIZE)
     scale = D**-0.5
     o_train, _ = cuda.attention(q, k, v, cu, scale)
@@ -253,6 +250,19 @@ def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads,
     del trap
     out = cuda.paged_attention(q[rows], k_cache, v_cache, tables, contexts, new_cu, scale,
                                batch_invariant=batch_invariant)
-    assert same_bits(out, o_train[rows]) == 0.0
-    want = ref.paged_attention(f32(q[rows]), f32(k_cache), f32(v_cache), tables, contexts, new_cu, scale)
+    return out, o_train[rows], (q[rows], k_cache, v_cache, tables, contexts, new_cu, scale)
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False], ids=["invariant", "default"])
+@pytest.mark.parametrize("heads", [(16, 8, 128), (8, 2, 64)], ids=lambda h: f"H{h[0]}K{h[1]}D{h[2]}")
+def test_prefill_after_a_cached_prefix_rows_equal_the_training_rows(draw, heads, batch_invariant):
+    """Every row of prefill_after_prefix's step is bitwise its training row, in either setting (the tiled prefill
+    kernel and the invariant decode kernel), over several draws (a differing bit is rare: blocks that started at
+    the first new token itself differed in one element of ~1e6 for draw 2603530564 on an H100), and the
+    reference's within bf16 tolerance."""
+    for each in [draw, Draw(2603530564), *(Draw(draw.seed + i) for i in range(1, 4))]:
+        out, train, args = prefill_after_prefix(each, heads, batch_invariant)
+        assert same_bits(out, train) == 0.0, f"draw {each.seed}"
+    q, k_cache, v_cache, tables, contexts, new_cu, scale = args
+    want = ref.paged_attention(f32(q), f32(k_cache), f32(v_cache), tables, contexts, new_cu, scale)
     assert_close("o", out, want, BF16)

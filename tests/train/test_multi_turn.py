@@ -14,10 +14,10 @@ from barerl.engine.llm import LLM
 from barerl.engine.sampling_params import SamplingParams
 from barerl.model.model import Model
 from barerl.tokenizer import Tokenizer
+from barerl.train import episode_loop
 from barerl.train.config import GRPOConfig
 from barerl.train.environments import Environment, Observation
 from barerl.train.episode import ENVIRONMENT_TOKEN, ChatTokens, Episode
-from barerl.train import episode_loop
 from barerl.train.episode_loop import EpisodeLoop, LoopStats, turn_seed
 from barerl.train.episode_metrics import EpisodeStats
 from barerl.train.multi_turn import MultiTurnRollouts

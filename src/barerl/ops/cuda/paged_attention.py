@@ -147,7 +147,7 @@ def _paged_attention_tiled(q, k_cache, v_cache, block_tables, context_lens, cu_s
     that token in its packed sequence, whatever else is in the batch: engine and trainer compute the same
     log-probs. Sequences with one new token: one warp per (sequence, kv head) walks all the token's keys (no
     split), suited to many sequences (rollouts), not one long one. Sequences with several (unless the step is
-    pure decode): tiles of query rows from the first new one, through training's code (paged_prefill_attention)."""
+    pure decode): tiles of query rows as in training (paged_prefill_attention)."""
     import cupy
 
     T, H, D = q.shape
@@ -168,7 +168,7 @@ def _paged_attention_tiled(q, k_cache, v_cache, block_tables, context_lens, cu_s
     if not decode:
         prefill = load_kernel("attention.cu", "paged_prefill_attention", defines)
         smem = reserve_shared_memory(prefill, forward_shared_bytes(D, q.dtype))
-        prefill((-(-T // forward_block_rows()) + S, H), (32 * ATTENTION_CONFIG["fwd_warps"],),
+        prefill((-(-T // forward_block_rows()) + 2 * S, H), (32 * ATTENTION_CONFIG["fwd_warps"],),
                 (*tables, i32(S), *geometry, np.int64(q_stride), np.float32(scale * LOG2E)), shared_mem=smem)
     single = load_kernel("attention.cu", "paged_attention_invariant", defines)
     # Q and a ring of 3 K/V tiles

@@ -281,10 +281,9 @@ struct PagedKeys {
 // training, the cached prefix's length against a paged cache): q and o point at position first's row, rows
 // before first load as zeros and are not stored. lse (at position first; nullptr for none) gets each row's
 // log-sum-exp. K/V tiles of FWD_BN keys double-buffered in shared memory by cp.async; online softmax in base 2.
-// A row walks the key tiles 0 .. its position / FWD_BN in order, wherever its block starts. In training blocks start
-// at multiples of FWD_BM; a block starting elsewhere (a prefill against the cache) can walk its lower rows through
-// one more key tile in which every key is past them: its scores are masked, so the row's max stays, the rescale
-// is exp2(0) = 1 and it adds exact zeros, and the row's result is bitwise the one training gives it.
+// Tiles start at multiples of FWD_BM in position, as in training, so a row meets the same key tiles in both. Not
+// only the same keys: a key tile wholly past a row is no exact no-op for it, since the rescale exp2(m c - m_use)
+// with m_use = m c compiles to exp2(fma(m, c, -m_use)), the product's rounding error, not 1 (docs/LOG.md).
 template <class Keys>
 __device__ __forceinline__ void forward_block(scalar_t* __restrict__ o, float* __restrict__ lse,
                                               const scalar_t* __restrict__ qb, long long q_stride, int first, int q0,
@@ -369,19 +368,18 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
                   scale_log2);
 }
 
-// Block -> (sequence, first position q0) of paged_prefill_attention: tiles of FWD_BM new tokens from a sequence's
-// first one (not at training's multiples of FWD_BM: 80 new tokens take one block, not two of 64 and 16 rows), for
-// sequences with more than one new token (single tokens are paged_attention_invariant's); false past the last.
+// Block -> (sequence, q tile) of paged_prefill_attention: the tiles of FWD_BM positions that hold a sequence's new
+// tokens, for sequences with more than one (single tokens are paged_attention_invariant's); false past the last.
 __device__ __forceinline__ bool find_prefill_tile(const int* cu_seqlens_q, const int* context_lens, int num_seqs,
-                                                  int block, int& seq, int& q0) {
+                                                  int block, int& seq, int& tile) {
     int seen = 0;
     for (seq = 0; seq < num_seqs; ++seq) {
         const int num_new = cu_seqlens_q[seq + 1] - cu_seqlens_q[seq];
         if (num_new < 2) continue;
-        const int n = (num_new + FWD_BM - 1) / FWD_BM;
+        const int len = context_lens[seq], first_tile = (len - num_new) / FWD_BM;
+        const int n = (len - 1) / FWD_BM - first_tile + 1;
         if (block < seen + n) {
-            const int tile = n - 1 - (block - seen);  // the longest rows of each sequence start first
-            q0 = context_lens[seq] - num_new + tile * FWD_BM;
+            tile = first_tile + n - 1 - (block - seen);  // the longest rows of each sequence start first
             return true;
         }
         seen += n;
@@ -392,23 +390,23 @@ __device__ __forceinline__ bool find_prefill_tile(const int* cu_seqlens_q, const
 // Prefill against a paged KV cache (chunked prefill, prefix-cache hits, continued conversations): the new tokens
 // of each sequence with more than one, as training's tiled forward computes them, keys read from the cache's
 // slots once per tile of FWD_BM queries. Rows are bitwise the rows flash_attention_forward gives the same tokens
-// in their whole sequence (same key tiles in the same order, same code: forward_block). Grid (tiles, H) with tiles >=
-// the sequences' tile count (the launcher uses ceil(T / FWD_BM) + S); FWD_THREADS threads; the forward's dynamic
-// shared memory.
+// in their whole sequence (same tiles, same code). Grid (tiles, H) with tiles >= the sequences' tile count
+// (the launcher uses ceil(T / FWD_BM) + 2 S); FWD_THREADS threads; the forward's dynamic shared memory.
 // q (T, H, D) with token rows q_stride apart; caches (num_blocks, block_size, K, D); out (T, H, D) dense.
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) paged_prefill_attention(
     scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
     const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
     const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
     int max_blocks, long long q_stride, float scale_log2) {
-    int s, q0;
-    if (!find_prefill_tile(cu_seqlens_q, context_lens, num_seqs, blockIdx.x, s, q0)) return;
+    int s, tile;
+    if (!find_prefill_tile(cu_seqlens_q, context_lens, num_seqs, blockIdx.x, s, tile)) return;
     const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
     const int start = cu_seqlens_q[s], len = context_lens[s], first = len - (cu_seqlens_q[s + 1] - start);
     const PagedKeys keys{k_cache + kvh * D, v_cache + kvh * D, block_tables + (long long)s * max_blocks, block_size,
                          num_kv_heads};
     forward_block(out + ((long long)start * num_heads + h) * D, static_cast<float*>(nullptr),
-                  q + (long long)start * q_stride + h * D, q_stride, first, q0, len, keys, num_heads, scale_log2);
+                  q + (long long)start * q_stride + h * D, q_stride, first, tile * FWD_BM, len, keys, num_heads,
+                  scale_log2);
 }
 
 constexpr int ROWS_PER_LANE = FWD_BN / 32;  // paged tiles: rows lane, lane + 32, ... of a tile per lane
