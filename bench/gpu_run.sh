@@ -159,7 +159,15 @@ stage_tests() {
     install_wheels "$(wheel_dir tests)" || return 1; export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   local workers=${TEST_WORKERS:-1} parallel=()
-  [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
+  case $workers in
+    '' | *[!0-9]* | 0) echo "tests: TEST_WORKERS must be a whole number of processes, got '$workers'"; return 2 ;;
+  esac
+  if [ "$workers" -gt 1 ]; then
+    python3 -c "import xdist" 2>/dev/null || {
+      echo "tests: TEST_WORKERS=$workers needs pytest-xdist: carry bench/peer_wheels.sh's tests folder (--wheels)"
+      return 2; }
+    parallel=(-n "$workers" --dist loadfile)
+  fi
   # shellcheck disable=SC2086
   BARERL_ERROR_LOG=$WORK/errors.tsv timeout "$(left "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu \
     ${TESTS:-tests} "${parallel[@]}" -o cache_dir=/tmp/pytest-cache -rfE > "$WORK/tests.log" 2>&1
