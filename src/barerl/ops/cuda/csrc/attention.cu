@@ -368,18 +368,21 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flash_attention_forwar
                   scale_log2);
 }
 
-// Block -> (sequence, q tile) of paged_prefill_attention: the tiles of FWD_BM positions that hold a sequence's new
-// tokens, for sequences with more than one (single tokens are paged_attention_invariant's); false past the last.
-__device__ __forceinline__ bool find_prefill_tile(const int* cu_seqlens_q, const int* context_lens, int num_seqs,
-                                                  int block, int& seq, int& tile) {
+// Block -> (sequence, first query row) of paged_prefill_attention: blocks of FWD_BM rows from the sequence's first
+// new token rounded down to a warp's 16 MT rows, for sequences with more than one new token (single tokens are
+// paged_attention_invariant's); false past the last. A warp's rows are then a warp's rows in training's tiles (FWD_BM
+// is a multiple of 16 MT), so each row walks training's key tiles with training's masks, while a turn of a few
+// dozen tokens mid-tile takes one block, not two.
+__device__ __forceinline__ bool find_prefill_block(const int* cu_seqlens_q, const int* context_lens, int num_seqs,
+                                                   int block, int& seq, int& q0) {
     int seen = 0;
     for (seq = 0; seq < num_seqs; ++seq) {
         const int num_new = cu_seqlens_q[seq + 1] - cu_seqlens_q[seq];
         if (num_new < 2) continue;
-        const int len = context_lens[seq], first_tile = (len - num_new) / FWD_BM;
-        const int n = (len - 1) / FWD_BM - first_tile + 1;
+        const int len = context_lens[seq], row0 = (len - num_new) / (16 * MT) * (16 * MT);
+        const int n = (len - row0 + FWD_BM - 1) / FWD_BM;
         if (block < seen + n) {
-            tile = first_tile + n - 1 - (block - seen);  // the longest rows of each sequence start first
+            q0 = row0 + (n - 1 - (block - seen)) * FWD_BM;  // the longest rows of each sequence start first
             return true;
         }
         seen += n;
@@ -398,15 +401,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) paged_prefill_attentio
     const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
     const int* __restrict__ cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads, int block_size,
     int max_blocks, long long q_stride, float scale_log2) {
-    int s, tile;
-    if (!find_prefill_tile(cu_seqlens_q, context_lens, num_seqs, blockIdx.x, s, tile)) return;
+    int s, q0;
+    if (!find_prefill_block(cu_seqlens_q, context_lens, num_seqs, blockIdx.x, s, q0)) return;
     const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
     const int start = cu_seqlens_q[s], len = context_lens[s], first = len - (cu_seqlens_q[s + 1] - start);
     const PagedKeys keys{k_cache + kvh * D, v_cache + kvh * D, block_tables + (long long)s * max_blocks, block_size,
                          num_kv_heads};
     forward_block(out + ((long long)start * num_heads + h) * D, static_cast<float*>(nullptr),
-                  q + (long long)start * q_stride + h * D, q_stride, first, tile * FWD_BM, len, keys, num_heads,
-                  scale_log2);
+                  q + (long long)start * q_stride + h * D, q_stride, first, q0, len, keys, num_heads, scale_log2);
 }
 
 constexpr int ROWS_PER_LANE = FWD_BN / 32;  // paged tiles: rows lane, lane + 32, ... of a tile per lane
