@@ -62,12 +62,14 @@ class BlockManager:
         hits: list[int] = []
         if not self.enable_prefix_caching:
             return hits
+        # names bound once: a continued conversation looks up ~70 blocks, 64 conversations a turn
+        tokens, size, cached, blocks = seq.token_ids, self.block_size, self.cached_block_ids, self.blocks
         prev_hash = None
-        for i in range((seq.num_tokens - 1) // self.block_size):
-            key = self._block_key(seq, i, prev_hash)
+        for start in range(0, (len(tokens) - 1) // size * size, size):
+            key = prev_hash, tuple(tokens[start : start + size])  # as _block_key
             key_hash = hash(key)  # a tuple's hash is not cached: computed once per block
-            block_id = self.cached_block_ids.get(key_hash)
-            if block_id is None or self.blocks[block_id].key != key:
+            block_id = cached.get(key_hash)
+            if block_id is None or blocks[block_id].key != key:
                 break
             hits.append(block_id)
             prev_hash = key_hash
