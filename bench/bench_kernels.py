@@ -247,8 +247,26 @@ def cases():
     )
     flash_attention.CONFIG.update(fwd_warps=4, fwd_mt=2, fwd_bn=64, bwd_warps=4, defines={})
 
-    # prefill against the paged cache, as at M1's continued turns: 64 sequences x 80 new tokens after 1,088 cached
-    seqs, new, cached, block = 64, 80, 1088, 16
+    # prefill against the paged cache, as at M1's continued turns: 64 sequences x new tokens after some cached
+    # (the last sampled token and a 64-token tool result at M1's three turn boundaries; 80 after 1,088 as earlier)
+    for new, cached in ((80, 1088), (65, 383), (65, 703), (65, 1023)):
+        yield from paged_prefill_cases(H, K, D, 64, new, cached)
+    for chunk in (1024, 4096):
+        yield (
+            f"lm_head_backward[chunk {chunk}]",
+            f"{rows}x{C} @ {C}x{V}",
+            lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk),
+            0,
+            6 * rows * C * V,
+        )
+
+
+def paged_prefill_cases(H, K, D, seqs, new, cached, block=16):
+    """paged_attention of `seqs` sequences x `new` tokens after `cached` in the cache, in both settings."""
+    import cupy
+
+    from barerl.ops import cuda
+
     per_seq = -(-(cached + new) // block)
     k_cache, v_cache = rand((seqs * per_seq, block, K, D)), rand((seqs * per_seq, block, K, D))
     tables = cupy.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
@@ -265,14 +283,6 @@ def cases():
                                                              D**-0.5, batch_invariant=invariant),
             cache_bytes + 2 * q_new.nbytes,
             prefill_flops,
-        )
-    for chunk in (1024, 4096):
-        yield (
-            f"lm_head_backward[chunk {chunk}]",
-            f"{rows}x{C} @ {C}x{V}",
-            lambda chunk=chunk: cuda.lm_head_backward(dlogprobs, h, w_head, targets, lse, dtable, 1.0, chunk),
-            0,
-            6 * rows * C * V,
         )
 
 
