@@ -315,6 +315,9 @@ __device__ __forceinline__ void forward_block(scalar_t* __restrict__ o, float* _
     unsigned q_regs[MT == 1 ? D / 16 : 1][4];  // MT = 1: Q's A fragments, held for the whole loop
     const unsigned q_base = smem_addr(sQ + wrow * LD) + lane_offset_a(lane, LD);
     const int row_a = q0 + wrow + g;
+    // a warp whose rows are all before the first row kept or at or past len attends nothing: its rows are never
+    // stored, and the other warps' rows do not depend on it (the K/V tiles are loaded by every thread regardless)
+    const bool warp_stores = q0 + wrow + 16 * MT > first && q0 + wrow < len;
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j & 1;
@@ -332,7 +335,8 @@ __device__ __forceinline__ void forward_block(scalar_t* __restrict__ o, float* _
         int row_pos[MT][2];  // each thread's two rows per m16 tile, positions in the sequence
 #pragma unroll
         for (int m = 0; m < MT; ++m) row_pos[m][0] = row_a + 16 * m, row_pos[m][1] = row_a + 16 * m + 8;
-        if (kv0 < q0 + wrow + 16 * MT)  // else every key of the tile is past the warp's rows: nothing to add
+        if (warp_stores && kv0 < q0 + wrow + 16 * MT)  // else no row of the warp is stored, or every key of the
+                                                       // tile is past the warp's rows: nothing to add
             attend_tile<MT>(acc, row_max, row_sum, q_regs, q_base, smem_addr(sK + stage * FWD_BN * LD),
                             smem_addr(sV + stage * FWD_BN * LD), lane, kv0,
                             kv0 + FWD_BN - 1 > q0 + wrow || kv0 + FWD_BN > len, row_pos, len, scale_log2);
