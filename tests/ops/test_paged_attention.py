@@ -238,7 +238,7 @@ def prefill_after_prefix(draw, heads, batch_invariant):
     H, K, D = heads
     lens = [1152, 700, 130, 64, 300, 2, 17, 500]
     new = [80, 1, 2, 64, 172, 1, 17, 133]  # first new positions 1072 (mid-tile), 699, 128 (a tile's edge), 0, ..., 367
-    # (1072 and 367 start mid-tile and mid-warp: the kernel's blocks start at training's, 1024 and 256)
+    # (1072 and 367 start mid-tile and mid-warp: the kernel's blocks start at a warp's first row, 1056 and 352)
     q, k, v, cu, k_cache, v_cache, tables = packed_and_paged(draw, BF16, lens, H, K, D, BLOCK_SIZE)
     scale = D**-0.5
     o_train, _ = cuda.attention(q, k, v, cu, scale)

@@ -52,8 +52,9 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _block_key(self, seq: Sequence, i: int, prev_hash: int | None) -> tuple:
-        return prev_hash, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+    def _block_key(self, tokens: list[int], start: int, prev_hash: int | None) -> tuple:
+        """The prefix-cache key of the block of `tokens` from position `start` (module docstring)."""
+        return prev_hash, tuple(tokens[start : start + self.block_size])
 
     # ------------------------------------------------------------------------------------------ admission
 
@@ -62,14 +63,13 @@ class BlockManager:
         hits: list[int] = []
         if not self.enable_prefix_caching:
             return hits
-        # names bound once: a continued conversation looks up ~70 blocks, 64 conversations a turn
-        tokens, size, cached, blocks = seq.token_ids, self.block_size, self.cached_block_ids, self.blocks
+        tokens, size = seq.token_ids, self.block_size
         prev_hash = None
         for start in range(0, (len(tokens) - 1) // size * size, size):
-            key = prev_hash, tuple(tokens[start : start + size])  # as _block_key
+            key = self._block_key(tokens, start, prev_hash)
             key_hash = hash(key)  # a tuple's hash is not cached: computed once per block
-            block_id = cached.get(key_hash)
-            if block_id is None or blocks[block_id].key != key:
+            block_id = self.cached_block_ids.get(key_hash)
+            if block_id is None or self.blocks[block_id].key != key:
                 break
             hits.append(block_id)
             prev_hash = key_hash
@@ -143,7 +143,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
-            key = self._block_key(seq, i, seq.block_hashes[-1] if seq.block_hashes else None)
+            key = self._block_key(seq.token_ids, i * self.block_size, seq.block_hashes[-1] if seq.block_hashes else None)
             key_hash = hash(key)
             seq.block_hashes.append(key_hash)
             block = self.blocks[seq.block_table[i]]

@@ -281,9 +281,10 @@ struct PagedKeys {
 // training, the cached prefix's length against a paged cache): q and o point at position first's row, rows
 // before first load as zeros and are not stored. lse (at position first; nullptr for none) gets each row's
 // log-sum-exp. K/V tiles of FWD_BN keys double-buffered in shared memory by cp.async; online softmax in base 2.
-// Tiles start at multiples of FWD_BM in position, as in training, so a row meets the same key tiles in both. Not
-// only the same keys: a key tile wholly past a row is no exact no-op for it, since the rescale exp2(m c - m_use)
-// with m_use = m c compiles to exp2(fma(m, c, -m_use)), the product's rounding error, not 1 (docs/LOG.md).
+// A warp's rows start at a multiple of 16 MT in position, in training (blocks at multiples of FWD_BM) as against the
+// cache (find_prefill_block), so a row meets the same key tiles in both. Not only the same keys: a key tile wholly
+// past a row is no exact no-op for it, since the rescale exp2(m c - m_use) with m_use = m c compiles to
+// exp2(fma(m, c, -m_use)), the product's rounding error, not 1 (docs/LOG.md).
 template <class Keys>
 __device__ __forceinline__ void forward_block(scalar_t* __restrict__ o, float* __restrict__ lse,
                                               const scalar_t* __restrict__ qb, long long q_stride, int first, int q0,
