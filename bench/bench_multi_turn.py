@@ -13,11 +13,16 @@ warm-up run of the same shape (kernels compiled, CUDA graphs captured, the envir
 started: one pool serves both runs, as GRPO keeps one for its whole run). The tool results are fixed ids
 (no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
 
-    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace] [--profile F]
+    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace] [--boundaries]
+        [--profile F]
 
 `--trace` adds where the measured multi-turn run's time went, by kind of engine step: admissions (new
 turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
-waits for tools); and each admission step's requests admitted and seconds. `--profile F` writes the host's
+waits for tools); and each admission step's requests admitted and seconds. `--boundaries` adds each turn
+boundary of the measured run phase by phase: the ending turns' recording, the wait for their tools, the next
+turns' adding, the admission step (its scheduling, its arrays, its forward's host time and, on the GPU, its
+device time, and the rest: sampling, fetching, recording) and the loop's work until the next engine step; the
+wrappers cost a few microseconds a call. `--profile F` writes the host's
 functions in the measured multi-turn run (cProfile of the loop's thread, by own time and by time inside) to F: it slows
 the host, so its run's figures are not M1's.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,8 +141,110 @@ class StepTrace:
                 f"(requests admitted:host time) {admissions}")
 
 
+class BoundaryTrace:
+    """Times each turn boundary of a multi-turn run phase by phase (`--boundaries`): wraps the episode loop's
+    and the engine's methods while inside, recording (name, start, end) of each call; on the GPU an eager
+    forward (an admission's) also records CUDA events, read once the run is over."""
+
+    def __init__(self, llm, loop):
+        from barerl.engine import model_runner
+
+        self.events: list[tuple[str, float, float, object]] = []
+        self._targets = [(loop, "_end_turn", "ended"), (loop, "_ready_steps", "environment"),
+                         (loop, "_observe", "continued"), (llm.engine, "step", "step"),
+                         (llm.engine.scheduler, "schedule", "schedule"), (model_runner, "prepare_step", "arrays"),
+                         (llm.model, "forward_paged", "forward")]
+        self._device = llm.model.device == "cuda"
+        self._saved = []
+
+    def __enter__(self):
+        for owner, name, label in self._targets:
+            self._saved.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, self._timed(getattr(owner, name), label))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, before in reversed(self._saved):
+            if before is None:
+                delattr(owner, name)  # the instance attribute: the class's method again
+            else:
+                setattr(owner, name, before)
+
+    def _timed(self, call, label: str):
+        def timed(*args, **kwargs):
+            eager = label == "forward" and kwargs.get("max_position") is None  # graphs pass a bound
+            marks = self._device_marks() if eager else None
+            start = time.perf_counter()
+            result = call(*args, **kwargs)
+            end = time.perf_counter()
+            if marks is not None:
+                marks[1].record()
+            self.events.append((label if not eager else "eager forward", start, end, marks))
+            return result
+
+        return timed
+
+    def _device_marks(self):
+        if not self._device:
+            return None
+        import cupy
+
+        marks = cupy.cuda.Event(), cupy.cuda.Event()
+        marks[0].record()
+        return marks
+
+    def summary(self) -> list[str]:
+        """One line a boundary: from the first turn that ended to the engine step after the admission."""
+        events = sorted(self.events, key=lambda e: e[1])
+        lines, i = [], 0
+        while i < len(events):
+            if events[i][0] != "ended":
+                i += 1
+                continue
+            phases: dict[str, list] = {}
+            while i < len(events) and not (events[i][0] == "step" and "continued" in phases):
+                phases.setdefault(events[i][0], []).append(events[i])
+                i += 1
+            if i == len(events):  # the episodes' last turns: nothing is admitted after them
+                break
+            admission = events[i]
+            inside = [e for e in events[i + 1:] if e[1] < admission[2]]
+            after = next((e for e in events[i + 1:] if e[0] == "step"), None)
+            lines.append(self._line(len(lines) + 1, phases, admission, inside, after))
+            i += 1 + len(inside)
+        return lines
+
+    @staticmethod
+    def _ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.1f}"
+
+    @staticmethod
+    def _span(events) -> float:
+        return (max(e[2] for e in events) - min(e[1] for e in events)) * 1e3 if events else 0.0
+
+    def _line(self, number, phases, admission, inside, after) -> str:
+        parts = {label: sum(e[2] - e[1] for e in inside if e[0] == label) for label in
+                 ("schedule", "arrays", "eager forward")}
+        forward = [e for e in inside if e[0] == "eager forward"]
+        device = ""
+        if forward and forward[0][3] is not None:
+            import cupy
+
+            forward[0][3][1].synchronize()
+            device = f" / {cupy.cuda.get_elapsed_time(*forward[0][3]):.1f} device"
+        step = admission[2] - admission[1]
+        rest = step - sum(parts.values())
+        gap = f", then {self._ms(after[1] - admission[2])} ms to the next step" if after else ""
+        ended, waited, continued = (self._span(phases.get(label, []))
+                                    for label in ("ended", "environment", "continued"))
+        return (f"boundary {number}: ended {ended:.1f} ms, environment {waited:.1f} ms, continued {continued:.1f} "
+                f"ms, admission {self._ms(step)} ms (schedule {self._ms(parts['schedule'])}, arrays "
+                f"{self._ms(parts['arrays'])}, forward {self._ms(parts['eager forward'])} host{device}, rest "
+                f"{self._ms(rest)}){gap}")
+
+
 def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: FixedTokens, trace: bool = False,
-                   profile: str | None = None) -> dict:
+                   profile: str | None = None, boundaries: bool = False) -> dict:
     """steps: the environment steps' WorkerPool, one for every run, as GRPO keeps one for its whole run."""
     from barerl.engine.sampling_params import SamplingParams
     from barerl.train.episode_loop import EpisodeLoop
@@ -144,8 +252,9 @@ def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: Fi
 
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
-    with StepTrace(llm.engine) as traced:
-        loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
+    loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
+    phases = BoundaryTrace(llm, loop) if boundaries else nullcontext()
+    with StepTrace(llm.engine) as traced, phases:
         stats = loop.run(groups) if profile is None else profiled(lambda: loop.run(groups), profile)
     played = [e for group in groups for e in group]
     assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]
@@ -153,7 +262,8 @@ def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: Fi
     return {"seconds": stats.wall_seconds, "sampled": sum(e.num_sampled_tokens for e in played),
             "episodes": len(played), "idle_share": metrics["time/gpu_idle_share"],
             "cache_hit_rate": metrics["engine/prefix_cache_hit_rate"], "engine_seconds": stats.engine_seconds,
-            "trace": traced.summary(stats.wall_seconds) if trace else None}
+            "trace": traced.summary(stats.wall_seconds) if trace else None,
+            "boundaries": phases.summary() if boundaries else None}
 
 
 def profiled(call, path: str):
@@ -214,6 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
     parser.add_argument("--trace", action="store_true", help="where the multi-turn run's time went, by step kind")
+    parser.add_argument("--boundaries", action="store_true", help="each turn boundary's time, phase by phase")
     parser.add_argument("--profile", metavar="FILE", help="cProfile of the measured multi-turn run, written to FILE")
     parser.add_argument("--batch-invariant", default="off", choices=["on", "off"],
                         help="the engine's batch_invariant (G1's figures are with it off)")
@@ -227,7 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
     with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps:
         for warm_up in (True, False):
             synchronize(llm)
-            multi = run_multi_turn(llm, steps, prompts, shape, codec, args.trace, None if warm_up else args.profile)
+            multi = run_multi_turn(llm, steps, prompts, shape, codec, args.trace, None if warm_up else args.profile,
+                                   args.boundaries)
             single = run_single_turn(llm, prompts, shape)
     rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
@@ -240,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"GPU idle share {result['gpu_idle_share']:.1%}, prefix-cache hit rate {result['prefix_cache_hit_rate']:.1%}")
     if multi["trace"]:
         print(f"  trace      : {multi['trace']}")
+    for line in multi["boundaries"] or []:
+        print(f"  {line}")
     print(f"  single-turn: {single['seconds']:.3f} s, {single_rate:.0f} new tok/s "
           f"({shape.num_prompts} x {shape.samples} x {shape.turns * shape.turn_tokens} tokens)")
     print(f"  ratio      : {result['ratio']:.1%} of single-turn tok/s (goal >= 85%)")
