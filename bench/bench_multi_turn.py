@@ -106,7 +106,7 @@ def episodes(prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> list
 
 class StepTrace:
     """Wraps an engine's step: for each, its kind ('admit': requests were waiting, so it prefilled new turns;
-    'lookahead': several tokens a sequence; 'single') and the host's seconds in it."""
+    'lookahead': several tokens a sequence; 'single'), the host's start and end of it, and the requests it admitted."""
 
     def __init__(self, engine):
         self.engine, self.steps = engine, []
@@ -118,7 +118,7 @@ class StepTrace:
             start = time.perf_counter()
             sampled = original(*args, **kwargs)
             kind = "admit" if waiting else "lookahead" if len(sampled) > max(running, 1) else "single"
-            self.steps.append((kind, time.perf_counter() - start, waiting - len(scheduler.waiting)))
+            self.steps.append((kind, start, time.perf_counter(), waiting - len(scheduler.waiting)))
             return sampled
 
         original = self.engine.step
@@ -130,12 +130,12 @@ class StepTrace:
 
     def summary(self, wall_seconds: float) -> str:
         kinds = {}
-        for kind, seconds, _ in self.steps:
+        for kind, start, end, _ in self.steps:
             count, total = kinds.get(kind, (0, 0.0))
-            kinds[kind] = (count + 1, total + seconds)
-        in_steps = sum(seconds for _, seconds, _ in self.steps)
+            kinds[kind] = (count + 1, total + end - start)
+        in_steps = sum(end - start for _, start, end, _ in self.steps)
         parts = [f"{kind} {count} steps {total:.3f} s" for kind, (count, total) in sorted(kinds.items())]
-        admissions = " ".join(f"{admitted}:{seconds * 1e3:.0f}ms" for kind, seconds, admitted in self.steps
+        admissions = " ".join(f"{admitted}:{(end - start) * 1e3:.0f}ms" for kind, start, end, admitted in self.steps
                               if kind == "admit")
         return (", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s; admission steps "
                 f"(requests admitted:host time) {admissions}")
@@ -143,17 +143,18 @@ class StepTrace:
 
 class BoundaryTrace:
     """Times each turn boundary of a multi-turn run phase by phase (`--boundaries`): wraps the episode loop's
-    and the engine's methods while inside, recording (name, start, end) of each call; on the GPU an eager
-    forward (an admission's) also records CUDA events, read once the run is over."""
+    and the engine's methods while inside, recording (name, start, end) of each call, the engine steps' taken
+    from a StepTrace; on the GPU an eager forward (an admission's) also records CUDA events, read once the run
+    is over."""
 
-    def __init__(self, llm, loop):
+    def __init__(self, llm, loop, steps: StepTrace):
         from barerl.engine import model_runner
 
         self.events: list[tuple[str, float, float, object]] = []
+        self._steps = steps
         self._targets = [(loop, "_end_turn", "ended"), (loop, "_ready_steps", "environment"),
-                         (loop, "_observe", "continued"), (llm.engine, "step", "step"),
-                         (llm.engine.scheduler, "schedule", "schedule"), (model_runner, "prepare_step", "arrays"),
-                         (llm.model, "forward_paged", "forward")]
+                         (loop, "_observe", "continued"), (llm.engine.scheduler, "schedule", "schedule"),
+                         (model_runner, "prepare_step", "arrays"), (llm.model, "forward_paged", "forward")]
         self._device = llm.model.device == "cuda"
         self._saved = []
 
@@ -195,7 +196,8 @@ class BoundaryTrace:
 
     def summary(self) -> list[str]:
         """One line a boundary: from the first turn that ended to the engine step after the admission."""
-        events = sorted(self.events, key=lambda e: e[1])
+        steps = [("step", start, end, None) for _, start, end, _ in self._steps.steps]
+        events = sorted(self.events + steps, key=lambda e: e[1])
         lines, i = [], 0
         while i < len(events):
             if events[i][0] != "ended":
@@ -253,8 +255,7 @@ def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: Fi
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
     loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
-    phases = BoundaryTrace(llm, loop) if boundaries else nullcontext()
-    with StepTrace(llm.engine) as traced, phases:
+    with StepTrace(llm.engine) as traced, BoundaryTrace(llm, loop, traced) if boundaries else nullcontext() as phases:
         stats = loop.run(groups) if profile is None else profiled(lambda: loop.run(groups), profile)
     played = [e for group in groups for e in group]
     assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]
