@@ -13,8 +13,8 @@ warm-up run of the same shape (kernels compiled, CUDA graphs captured, the envir
 started: one pool serves both runs, as GRPO keeps one for its whole run). The tool results are fixed ids
 (no tokenizer: the weights are random), so chat-template rendering is not part of the measurement.
 
-    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick] [--trace] [--boundaries]
-        [--profile F]
+    PYTHONPATH=src python bench/bench_multi_turn.py [--batch-invariant on|off] [--quick | --host] [--trace]
+        [--boundaries] [--profile F]
 
 `--trace` adds where the measured multi-turn run's time went, by kind of engine step: admissions (new
 turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
@@ -27,7 +27,11 @@ functions in the measured multi-turn run (cProfile of the loop's thread, by own 
 the host, so its run's figures are not M1's.
 
 `--quick` runs the same code on the CPU with a tiny model (8 episodes of 4 turns x 16 tokens, 8-token tool
-results, 10 ms sleeps): a check that the benchmark works, not a measurement.
+results, 10 ms sleeps): a check that the benchmark works, not a measurement. `--host` runs M1 itself on the
+CPU with the tiny model, its KV cache large enough for every episode, so that turns end together as on the GPU:
+its figures are not M1's, but the host's work at each boundary (`--boundaries`: the loop, the scheduling, the
+arrays; not the forward) is, measured without a GPU (about a minute; with OMP_NUM_THREADS=1, so that NumPy's
+threads do not contend with the loop's).
 """
 
 from __future__ import annotations
@@ -294,16 +298,18 @@ def run_single_turn(llm, prompts: list[list[int]], shape: Shape) -> dict:
     return {"seconds": seconds, "sampled": sum(len(o.token_ids) for r in outputs for o in r.outputs)}
 
 
-def make_llm(quick: bool, shape: Shape, batch_invariant: bool):
+def make_llm(cpu: bool, shape: Shape, batch_invariant: bool):
     from barerl.config import ModelConfig
+    from barerl.engine.config import EngineConfig
     from barerl.engine.llm import LLM
     from barerl.model.model import Model
 
     max_model_len = PROMPT_LEN + episode_tokens(shape) + 1
     seqs = shape.num_prompts * shape.samples
-    if quick:
+    if cpu:  # room for every episode twice over: no episode waits for blocks, none's cached blocks are evicted
+        blocks = max(2048, 2 * seqs * -(-max_model_len // EngineConfig.block_size))
         model = Model.random(ModelConfig.from_dict(TINY, source="tiny"), seed=0)
-        return LLM(model, max_num_seqs=seqs, max_model_len=max_model_len, num_kv_blocks=2048)
+        return LLM(model, max_num_seqs=seqs, max_model_len=max_model_len, num_kv_blocks=blocks)
     from shapes import QWEN3_06B
 
     model = Model.random(ModelConfig.from_dict(QWEN3_06B, source="Qwen3-0.6B shape"), device="cuda",
@@ -323,7 +329,9 @@ def main(argv: list[str] | None = None) -> dict:
     from barerl.train.worker_pool import WorkerPool
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the script only")
+    sizes.add_argument("--host", action="store_true", help="M1 with a tiny model on the CPU: the host's phases")
     parser.add_argument("--trace", action="store_true", help="where the multi-turn run's time went, by step kind")
     parser.add_argument("--boundaries", action="store_true", help="each turn boundary's time, phase by phase")
     parser.add_argument("--profile", metavar="FILE", help="cProfile of the measured multi-turn run, written to FILE")
@@ -331,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the engine's batch_invariant (G1's figures are with it off)")
     args = parser.parse_args(argv)
     shape = QUICK if args.quick else M1
-    llm = make_llm(args.quick, shape, args.batch_invariant == "on")
+    llm = make_llm(args.quick or args.host, shape, args.batch_invariant == "on")
     rng = np.random.default_rng(0)
     vocab = llm.model.cfg.vocab_size
     prompts = rng.integers(0, vocab, (shape.num_prompts, PROMPT_LEN)).tolist()
@@ -346,7 +354,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
               "single_turn_tok_s": single_rate, "ratio": rate / single_rate, "gpu_idle_share": multi["idle_share"],
               "prefix_cache_hit_rate": multi["cache_hit_rate"]}
-    name = "M1 (quick, CPU)" if args.quick else f"M1 batch_invariant {args.batch_invariant}"
+    name = ("M1 (quick, CPU)" if args.quick else "M1 (tiny model, CPU: the host's phases only)" if args.host
+            else f"M1 batch_invariant {args.batch_invariant}")
     print(f"{name}: {multi['episodes']} episodes x {shape.turns} turns x {shape.turn_tokens} sampled tokens, "
           f"{shape.tool_tokens}-token tool results after {shape.tool_seconds * 1e3:.0f} ms")
     print(f"  multi-turn : {multi['seconds']:.3f} s, {result['episodes_per_s']:.1f} episodes/s, {rate:.0f} new tok/s, "
