@@ -37,6 +37,7 @@ threads do not contend with the loop's).
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -318,11 +319,15 @@ def make_llm(cpu: bool, shape: Shape, batch_invariant: bool):
                batch_invariant=batch_invariant)
 
 
-def synchronize(llm) -> None:
+def settle(llm) -> None:
+    """Before a timed run: the device idle, and what earlier runs left collected now, so that no run pays for
+    another's garbage (a full collection during one run of M1 on a 2-core CPU took 60-100 ms, in whichever run
+    crossed the collector's threshold)."""
     if llm.model.device == "cuda":
         import cupy
 
         cupy.cuda.Device().synchronize()
+    gc.collect()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -346,9 +351,10 @@ def main(argv: list[str] | None = None) -> dict:
     codec = FixedTokens(rng.integers(0, vocab, shape.tool_tokens).tolist())
     with WorkerPool(shape.num_prompts * shape.samples, "bench-env") as steps:
         for warm_up in (True, False):
-            synchronize(llm)
+            settle(llm)
             multi = run_multi_turn(llm, steps, prompts, shape, codec, args.trace, None if warm_up else args.profile,
                                    args.boundaries)
+            settle(llm)
             single = run_single_turn(llm, prompts, shape)
     rate, single_rate = multi["sampled"] / multi["seconds"], single["sampled"] / single["seconds"]
     result = {"episodes_per_s": multi["episodes"] / multi["seconds"], "new_tok_s": rate,
