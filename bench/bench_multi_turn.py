@@ -111,7 +111,8 @@ def episodes(prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> list
 
 class StepTrace:
     """Wraps an engine's step: for each, its kind ('admit': requests were waiting, so it prefilled new turns;
-    'lookahead': several tokens a sequence; 'single'), the host's start and end of it, and the requests it admitted."""
+    'lookahead': several tokens a sequence; 'single'), the host's start and end of it, and the requests it
+    admitted."""
 
     def __init__(self, engine):
         self.engine, self.steps = engine, []
@@ -140,8 +141,8 @@ class StepTrace:
             kinds[kind] = (count + 1, total + end - start)
         in_steps = sum(end - start for _, start, end, _ in self.steps)
         parts = [f"{kind} {count} steps {total:.3f} s" for kind, (count, total) in sorted(kinds.items())]
-        admissions = " ".join(f"{admitted}:{(end - start) * 1e3:.0f}ms" for kind, start, end, admitted in self.steps
-                              if kind == "admit")
+        admissions = " ".join(f"{admitted}:{(end - start) * 1e3:.0f}ms"
+                              for kind, start, end, admitted in self.steps if kind == "admit")
         return (", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s; admission steps "
                 f"(requests admitted:host time) {admissions}")
 
@@ -260,7 +261,8 @@ def run_multi_turn(llm, steps, prompts: list[list[int]], shape: Shape, codec: Fi
     groups = episodes(prompts, shape, codec)
     params = SamplingParams(temperature=1.0, max_tokens=shape.turn_tokens, ignore_eos=True)
     loop = EpisodeLoop(llm.engine, steps, params, step_timeout=60)
-    with StepTrace(llm.engine) as traced, BoundaryTrace(llm, loop, traced) if boundaries else nullcontext() as phases:
+    with (StepTrace(llm.engine) as traced,
+          BoundaryTrace(llm, loop, traced) if boundaries else nullcontext() as phases):
         stats = loop.run(groups) if profile is None else profiled(lambda: loop.run(groups), profile)
     played = [e for group in groups for e in group]
     assert all(e.end == "done" and e.num_turns == shape.turns for e in played), [e.end for e in played]

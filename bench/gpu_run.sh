@@ -31,8 +31,8 @@
 #   R2's sizes), and the larger workloads g3 g3_vllm t2 t2_torch r2 r2_trl_vllm r3 r3_offload r3_trl_vllm l1
 #   l1_off (L1 with batch_invariant off) l1_trl_vllm. gen_vllm, g3_vllm and the *_trl_vllm stages run with the
 #   installed vLLM; t1_tuned, t2_torch, the *_trl_vllm stages and r1_trl with the wheels of --wheels (TRL,
-#   datasets, dill, multiprocess, Liger-Kernel), installed once into /tmp/site. A machine kept warm between commands keeps /tmp: installs,
-#   CuPy's kernel cache, tuning, the model folders (/tmp/bench-model-<shape>: 8 GB for 4B, 16 GB for 8B).
+#   datasets, dill, multiprocess, Liger-Kernel), installed once into /tmp/site. A machine kept warm between
+#   commands keeps /tmp: installs, CuPy's kernel cache, tuning, the model folders (/tmp/bench-model-<shape>: 8 GB for 4B, 16 GB for 8B).
 # Results: DIR/results.tgz (every step's log, the JSON records, commands.txt, gpu.txt) and DIR/summary.txt
 # (each step's end and its figures); `python bench/run_all.py record EXTRACTED --commit SHA` files them.
 set -uo pipefail

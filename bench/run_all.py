@@ -92,8 +92,9 @@ STAGES = {
                                         "--steps", "2"], 480, None)],
     # L1 with batch_invariant off: decode attention splits the keys of its 16 long sequences (on, 16 x 8 kv heads
     # fill 128 CTAs that each read a whole 16K context: two steps did not end within 480 s on an H100)
-    "l1_off": [MAKE_17B, ("grpo_barerl_l1_off", ["grpo_barerl.py", "--workload", "L1", "--model", "{model}-qwen3-1.7b",
-                                                "--steps", "2", "--batch-invariant", "off"], 480, None)],
+    "l1_off": [MAKE_17B, ("grpo_barerl_l1_off", ["grpo_barerl.py", "--workload", "L1", "--model",
+                                                "{model}-qwen3-1.7b", "--steps", "2", "--batch-invariant", "off"],
+                          480, None)],
     "l1_trl_vllm": [MAKE_17B, ("grpo_trl_vllm_l1", ["grpo_trl.py", "--workload", "L1", "--model",
                                                    "{model}-qwen3-1.7b", "--steps", "1"], 480, None)],
 }
