@@ -149,7 +149,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
-            key = self._block_key(seq.token_ids, i * self.block_size, seq.block_hashes[-1] if seq.block_hashes else None)
+            prev_hash = seq.block_hashes[-1] if seq.block_hashes else None
+            key = self._block_key(seq.token_ids, i * self.block_size, prev_hash)
             key_hash = hash(key)
             seq.block_hashes.append(key_hash)
             block = self.blocks[seq.block_table[i]]
