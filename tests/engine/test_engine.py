@@ -210,5 +210,7 @@ def test_a_continued_conversation_finds_its_blocks_and_checks_only_its_new_ids()
     assert continued.sequences[0].token_ids == run(by_keys).sequences[0].token_ids
     with pytest.raises(ValueError, match=r"prompt token id 99 is outside the vocabulary"):
         engine.new_request(None, turn.token_ids + [99], greedy, continues=turn)
+    with pytest.raises(TypeError, match=r"continues must be the Sequence of an earlier request, got Request"):
+        engine.new_request(None, ids, greedy, continues=continued)
     other = engine.new_request(None, [5, *turn.token_ids[1:], 7], greedy, continues=turn)
     assert other.sequences[0].prefix_hint == []  # not an extension of it: found by keys alone

@@ -90,6 +90,8 @@ class Engine:
         """A validated request with its id and seed, not yet in the scheduler (ValueError / TypeError name the
         problem). `continues`: a finished sequence whose tokens the prompt extends (a conversation's next turn):
         only the ids after them are checked, and the prefix cache finds the blocks it left by their ids."""
+        if continues is not None and not isinstance(continues, Sequence):
+            raise TypeError(f"continues must be the Sequence of an earlier request, got {type(continues).__name__}")
         prefix = continues is not None and prompt_token_ids[: continues.num_tokens] == continues.token_ids
         self.validate(prompt_token_ids, params, checked=continues.num_tokens if prefix else 0)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
