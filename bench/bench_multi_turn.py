@@ -20,8 +20,9 @@ started: one pool serves both runs, as GRPO keeps one for its whole run). The to
 turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
 waits for tools); and each admission step's requests admitted and seconds. `--boundaries` adds each turn
 boundary of the measured run phase by phase: the ending turns' recording, the wait for their tools, the next
-turns' adding, the admission step (its scheduling, its arrays, its forward's host time and, on the GPU, its
-device time, and the rest: sampling, fetching, recording) and the loop's work until the next engine step; the
+turns' adding, the admission step (its scheduling, its arrays, its forward's host time and, on the GPU, the
+share of it spent making cuBLASLt plans for product shapes met the first time, and its device time, and the rest:
+sampling, fetching, recording) and the loop's work until the next engine step; the
 wrappers cost a few microseconds a call. `--profile F` writes the host's
 functions in the measured multi-turn run (cProfile of the loop's thread, by own time and by time inside) to F: it slows
 the host, so its run's figures are not M1's.
@@ -162,6 +163,10 @@ class BoundaryTrace:
                          (loop, "_observe", "continued"), (llm.engine.scheduler, "schedule", "schedule"),
                          (model_runner, "prepare_step", "arrays"), (llm.model, "forward_paged", "forward")]
         self._device = llm.model.device == "cuda"
+        if self._device:  # cuBLASLt plans made for a product shape met for the first time (a new row count)
+            from barerl.ops.cuda import cublaslt
+
+            self._targets.append((cublaslt._Lt, "_make_plan", "plan"))
         self._saved = []
 
     def __enter__(self):
@@ -239,7 +244,9 @@ class BoundaryTrace:
             import cupy
 
             forward[0][3][1].synchronize()
-            device = f" / {cupy.cuda.get_elapsed_time(*forward[0][3]):.1f} device"
+            plans = [e for e in inside if e[0] == "plan"]
+            device = (f" (making {len(plans)} product plans: {self._ms(sum(e[2] - e[1] for e in plans))}) / "
+                      f"{cupy.cuda.get_elapsed_time(*forward[0][3]):.1f} device")
         step = admission[2] - admission[1]
         rest = step - sum(parts.values())
         gap = f", then {self._ms(after[1] - admission[2])} ms to the next step" if after else ""
