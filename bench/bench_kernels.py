@@ -251,8 +251,8 @@ def cases():
     # (the last sampled token and a 64-token tool result at M1's three turn boundaries; 80 after 1,088 as earlier)
     for new, cached in ((80, 1088), (65, 383), (65, 703), (65, 1023)):
         yield from paged_prefill_cases(H, K, D, 64, new, cached)
-    # decode against the paged cache: G1's 64 sequences, and L1's 16 at its mean and longest contexts
-    for seqs, context in ((64, 1024), (16, 8448), (16, 16640)):
+    # decode against the paged cache: G1's 64 sequences, R2's 64 at their longest, L1's 16 at its mean and longest
+    for seqs, context in ((64, 1024), (64, 4352), (16, 8448), (16, 16640)):
         yield from paged_decode_cases(H, K, D, seqs, context)
     for chunk in (1024, 4096):
         yield (
