@@ -7,6 +7,8 @@ prefill (many queries per sequence against a cached prefix). Outputs come from a
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from kernel_harness import BF16, DTYPES, FP16, FP32, Draw, assert_close, f32, launcher, poisoned
@@ -175,8 +177,7 @@ def same_bits(a, b) -> float:
 def invariant_decode_kernel(request, monkeypatch):
     """Each of the invariant decode's kernels, whatever the number of (sequence, kv head) pairs: one warp a pair,
     or INV_WARPS warps sharing a pair's tiles (cuda/paged_attention.py's _invariant_decode)."""
-    from barerl.ops.cuda import paged_attention
-
+    paged_attention = importlib.import_module("barerl.ops.cuda.paged_attention")  # the module, not its function
     monkeypatch.setattr(paged_attention, "_INVARIANT_PAIRS_PER_SM", 0 if request.param == "one-warp" else 10**6)
     return request.param
 

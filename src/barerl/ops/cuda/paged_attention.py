@@ -57,7 +57,6 @@ _UNROLL, _STAGES = 4, 2
 # the invariant decode: one warp a (sequence, kv head) pair while the pairs give every SM this many (G1's 64 x 8 on
 # 132 SMs: four one-warp CTAs an SM, one wave), else INV_WARPS warps a pair (csrc/attention.cu; L1's 16 x 8)
 _INVARIANT_PAIRS_PER_SM = 2
-_INVARIANT_WARPS = 4  # csrc/attention.cu's INV_WARPS
 MAX_QUERY_TOKENS = 65535  # a grid's y and z extents: one CTA row per query token (engine steps hold 8,192)
 
 
@@ -190,5 +189,6 @@ def _invariant_decode(pairs: int, head_dim: int, dtype) -> tuple[str, int, int]:
     row_bytes, keys = (head_dim + 8) * np.dtype(dtype).itemsize, ATTENTION_CONFIG["fwd_bn"]
     if pairs >= _INVARIANT_PAIRS_PER_SM * multiprocessors():
         return "paged_attention_invariant", 32, (16 + 3 * keys) * row_bytes  # Q and a ring of 3 K or V tiles
+    warps = min(4, keys // 16)  # csrc/attention.cu's INV_WARPS
     # Q, INV_STAGES = 3 stages of K and V tiles, a tile's fp32 scores
-    return "paged_attention_invariant_warps", 32 * _INVARIANT_WARPS, (16 + 6 * keys) * row_bytes + keys * 16 * 4
+    return "paged_attention_invariant_warps", 32 * warps, (16 + 6 * keys) * row_bytes + keys * 16 * 4

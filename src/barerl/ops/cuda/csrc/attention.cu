@@ -564,7 +564,8 @@ extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
 // rescales and mma sequence over the keys, so every row goes through training's operations in training's order.
 // Tiles go through a ring of INV_STAGES stages of K and V, copied by all the block's threads, two tiles ahead.
 // Same arguments and grid (K, S) as paged_attention_invariant; INV_THREADS threads; invariant_warps_shared_bytes.
-constexpr int INV_WARPS = 4, INV_THREADS = 32 * INV_WARPS, INV_STAGES = 3;
+constexpr int INV_WARPS = FWD_BN / 16 < 4 ? FWD_BN / 16 : 4;  // four, or one a 16-key part of a narrower tile
+constexpr int INV_THREADS = 32 * INV_WARPS, INV_STAGES = 3;
 constexpr int INV_PB = FWD_BN / 16 / INV_WARPS, INV_DP = D / 16 / INV_WARPS;  // a warp's 16-key, 16-column parts
 static_assert(INV_PB * INV_WARPS * 16 == FWD_BN && INV_DP * INV_WARPS * 16 == D,
               "the invariant decode's warps split a tile's keys and the head's columns evenly");
