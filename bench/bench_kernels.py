@@ -251,6 +251,9 @@ def cases():
     # (the last sampled token and a 64-token tool result at M1's three turn boundaries; 80 after 1,088 as earlier)
     for new, cached in ((80, 1088), (65, 383), (65, 703), (65, 1023)):
         yield from paged_prefill_cases(H, K, D, 64, new, cached)
+    # decode against the paged cache: G1's 64 sequences, R2's 64 at their longest, L1's 16 at its mean and longest
+    for seqs, context in ((64, 1024), (64, 4352), (16, 8448), (16, 16640)):
+        yield from paged_decode_cases(H, K, D, seqs, context)
     for chunk in (1024, 4096):
         yield (
             f"lm_head_backward[chunk {chunk}]",
@@ -284,6 +287,35 @@ def paged_prefill_cases(H, K, D, seqs, new, cached, block=16):
             cache_bytes + 2 * q_new.nbytes,
             prefill_flops,
         )
+
+
+def paged_decode_cases(H, K, D, seqs, context, block=16):
+    """paged_attention of one new token for each of `seqs` sequences of `context` keys: the split-KV kernel, and
+    each of the batch-invariant kernels (one warp a (sequence, kv head) pair, or several sharing its tiles)."""
+    import cupy
+
+    from barerl.ops import cuda
+    paged = importlib.import_module("barerl.ops.cuda.paged_attention")
+
+    per_seq = -(-context // block)
+    k_cache, v_cache = rand((seqs * per_seq, block, K, D)), rand((seqs * per_seq, block, K, D))
+    tables = cupy.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
+    contexts = cupy.full(seqs, context, np.int32)
+    cu = cupy.arange(seqs + 1, dtype=np.int32)
+    q = rand((seqs, H, D))
+    cache_bytes = 2 * seqs * context * K * D * q.dtype.itemsize
+
+    def decode(invariant: bool, pairs_per_sm: int = paged._INVARIANT_PAIRS_PER_SM):
+        kept, paged._INVARIANT_PAIRS_PER_SM = paged._INVARIANT_PAIRS_PER_SM, pairs_per_sm
+        try:
+            return cuda.paged_attention(q, k_cache, v_cache, tables, contexts, cu, D**-0.5, batch_invariant=invariant)
+        finally:
+            paged._INVARIANT_PAIRS_PER_SM = kept
+
+    shape = f"{seqs} x 1 after {context - 1} cached, H{H} K{K} D{D}"
+    for name, fn in (("split", lambda: decode(False)), ("batch_invariant, one warp a pair", lambda: decode(True, 0)),
+                     ("batch_invariant, warps a pair", lambda: decode(True, 10**6))):
+        yield f"paged_attention decode[{name}]", shape, fn, cache_bytes + 2 * q.nbytes, 4 * D * H * seqs * context
 
 
 def main() -> None:

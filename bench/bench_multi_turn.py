@@ -18,11 +18,13 @@ started: one pool serves both runs, as GRPO keeps one for its whole run). The to
 
 `--trace` adds where the measured multi-turn run's time went, by kind of engine step: admissions (new
 turns' prefill), lookahead launches, single steps, and the time between steps (the loop's own work and the
-waits for tools); and each admission step's requests admitted and seconds. `--boundaries` adds each turn
-boundary of the measured run phase by phase: the ending turns' recording, the wait for their tools, the next
-turns' adding, the admission step (its scheduling, its arrays, its forward's host time and, on the GPU, its
-device time, and the rest: sampling, fetching, recording) and the loop's work until the next engine step; the
-wrappers cost a few microseconds a call. `--profile F` writes the host's
+waits for tools); each admission step's requests admitted and seconds; and the garbage collector's collections
+in the run, their number and time, and those of them that fell between engine steps (in the loop's own work).
+`--boundaries` adds each turn boundary of the measured run phase by phase: the ending turns' recording, the wait
+for their tools, the next turns' adding, the admission step (its scheduling, its arrays, its forward's host time
+and, on the GPU, the share of it spent making cuBLASLt plans for product shapes met the first time, and its device
+time, and the rest: sampling, fetching, recording) and the loop's work until the next engine step; the wrappers
+cost a few microseconds a call. `--profile F` writes the host's
 functions in the measured multi-turn run (cProfile of the loop's thread, by own time and by time inside) to F: it slows
 the host, so its run's figures are not M1's.
 
@@ -112,12 +114,20 @@ def episodes(prompts: list[list[int]], shape: Shape, codec: FixedTokens) -> list
 class StepTrace:
     """Wraps an engine's step: for each, its kind ('admit': requests were waiting, so it prefilled new turns;
     'lookahead': several tokens a sequence; 'single'), the host's start and end of it, and the requests it
-    admitted."""
+    admitted. Also times the garbage collector's collections (start and end of each)."""
 
     def __init__(self, engine):
-        self.engine, self.steps = engine, []
+        self.engine, self.steps, self.collections = engine, [], []
+        self._collection_start = 0.0
+
+    def _collected(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._collection_start = time.perf_counter()
+        else:
+            self.collections.append((self._collection_start, time.perf_counter()))
 
     def __enter__(self):
+        gc.callbacks.append(self._collected)
         def step(*args, **kwargs):
             scheduler = self.engine.scheduler
             waiting, running = len(scheduler.waiting), len(scheduler.running)
@@ -133,6 +143,7 @@ class StepTrace:
 
     def __exit__(self, *exc) -> None:
         del self.engine.step  # the instance attribute: the class's method again
+        gc.callbacks.remove(self._collected)
 
     def summary(self, wall_seconds: float) -> str:
         kinds = {}
@@ -143,8 +154,15 @@ class StepTrace:
         parts = [f"{kind} {count} steps {total:.3f} s" for kind, (count, total) in sorted(kinds.items())]
         admissions = " ".join(f"{admitted}:{(end - start) * 1e3:.0f}ms"
                               for kind, start, end, admitted in self.steps if kind == "admit")
+        between = [(a, b) for a, b in self.collections
+                   if not any(start <= a and b <= end for _, start, end, _ in self.steps)]
         return (", ".join(parts) + f", between steps {wall_seconds - in_steps:.3f} s; admission steps "
-                f"(requests admitted:host time) {admissions}")
+                f"(requests admitted:host time) {admissions}; garbage collections {len(self.collections)} "
+                f"{self._ms(self.collections)} ms, between steps {len(between)} {self._ms(between)} ms")
+
+    @staticmethod
+    def _ms(spans) -> str:
+        return f"{sum(b - a for a, b in spans) * 1e3:.1f}"
 
 
 class BoundaryTrace:
@@ -162,6 +180,10 @@ class BoundaryTrace:
                          (loop, "_observe", "continued"), (llm.engine.scheduler, "schedule", "schedule"),
                          (model_runner, "prepare_step", "arrays"), (llm.model, "forward_paged", "forward")]
         self._device = llm.model.device == "cuda"
+        if self._device:  # cuBLASLt plans made for a product shape met for the first time (a new row count)
+            from barerl.ops.cuda import cublaslt
+
+            self._targets.append((cublaslt._Lt, "_make_plan", "plan"))
         self._saved = []
 
     def __enter__(self):
@@ -239,7 +261,9 @@ class BoundaryTrace:
             import cupy
 
             forward[0][3][1].synchronize()
-            device = f" / {cupy.cuda.get_elapsed_time(*forward[0][3]):.1f} device"
+            plans = [e for e in inside if e[0] == "plan"]
+            device = (f" (making {len(plans)} product plans: {self._ms(sum(e[2] - e[1] for e in plans))}) / "
+                      f"{cupy.cuda.get_elapsed_time(*forward[0][3]):.1f} device")
         step = admission[2] - admission[1]
         rest = step - sum(parts.values())
         gap = f", then {self._ms(after[1] - admission[2])} ms to the next step" if after else ""

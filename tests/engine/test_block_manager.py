@@ -126,3 +126,30 @@ def test_reset_prefix_cache_forgets_blocks():
     bm.free(a)
     bm.reset_prefix_cache()
     assert bm.lookup(make_seq(range(9))) == []
+
+
+
+def test_a_continuing_sequence_finds_by_its_hint_what_a_lookup_by_keys_finds():
+    bm = BlockManager(16, 4)
+    a = make_seq(range(14))  # three full blocks and a partial one
+    admit(bm, a)
+    compute_all(bm, a)
+    blocks = list(a.block_table)
+    bm.free(a)
+    assert [block for block, _ in a.released_blocks] == blocks[:3]  # the cached ones, not the partial one
+    tokens = list(range(14)) + [90, 91, 92]
+    b = make_seq(tokens)
+    b.prefix_hint = a.released_blocks
+    assert bm.lookup(b) == bm.lookup(make_seq(tokens)) == blocks[:3]
+
+
+def test_a_hint_stops_at_a_block_evicted_since():
+    bm = BlockManager(4, 2)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7])  # four blocks: three full, one partial
+    admit(bm, a)
+    compute_all(bm, a)
+    bm.free(a)  # tail first: the partial block is the first to be taken again, then the third, the second
+    admit(bm, make_seq([9, 9, 9, 9, 9]))  # three blocks: only the first of a's is left cached
+    b = make_seq([1, 2, 3, 4, 5, 6, 7, 8])
+    b.prefix_hint = a.released_blocks
+    assert bm.lookup(b) == [a.released_blocks[0][0]]

@@ -186,3 +186,31 @@ def test_lookahead_gives_the_single_steps_tokens_on_a_real_model():
         for (tokens, logprobs), (tokens_ahead, logprobs_ahead) in zip(single, ahead, strict=True):
             assert tokens_ahead == tokens
             np.testing.assert_allclose(logprobs_ahead, logprobs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_continued_conversation_finds_its_blocks_and_checks_only_its_new_ids():
+    llm = LLM(PagedMockModel(), **BASE)
+    engine = llm.engine
+    engine.start([])
+
+    def run(request):
+        engine.add(request)
+        while engine.has_unfinished():
+            engine.step()
+        return request
+
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    turn = run(engine.new_request(None, list(range(1, 19)), greedy)).sequences[0]  # 21 tokens, 5 full blocks
+    ids = turn.token_ids + [7, 8, 9, 10, 11]
+    continued, by_keys = (engine.new_request(None, ids, greedy, continues=c) for c in (turn, None))
+    assert continued.sequences[0].prefix_hint == turn.released_blocks and len(turn.released_blocks) == 5
+    lookup = engine.block_manager.lookup
+    assert lookup(continued.sequences[0]) == lookup(by_keys.sequences[0]) == [b for b, _ in turn.released_blocks]
+    assert run(continued).num_cached_tokens == 20
+    assert continued.sequences[0].token_ids == run(by_keys).sequences[0].token_ids
+    with pytest.raises(ValueError, match=r"prompt token id 99 is outside the vocabulary"):
+        engine.new_request(None, turn.token_ids + [99], greedy, continues=turn)
+    with pytest.raises(TypeError, match=r"continues must be the Sequence of an earlier request, got Request"):
+        engine.new_request(None, ids, greedy, continues=continued)
+    other = engine.new_request(None, [5, *turn.token_ids[1:], 7], greedy, continues=turn)
+    assert other.sequences[0].prefix_hint == []  # not an extension of it: found by keys alone

@@ -7,6 +7,8 @@ prefill (many queries per sequence against a cached prefix). Outputs come from a
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from kernel_harness import BF16, DTYPES, FP16, FP32, Draw, assert_close, f32, launcher, poisoned
@@ -171,9 +173,18 @@ def same_bits(a, b) -> float:
     return float((a.view(np.uint16) != b.view(np.uint16)).mean())
 
 
+@pytest.fixture(params=["one-warp", "warps"])
+def invariant_decode_kernel(request, monkeypatch):
+    """Each of the invariant decode's kernels, whatever the number of (sequence, kv head) pairs: one warp a pair,
+    or INV_WARPS warps sharing a pair's tiles (cuda/paged_attention.py's _invariant_decode)."""
+    paged_attention = importlib.import_module("barerl.ops.cuda.paged_attention")  # the module, not its function
+    monkeypatch.setattr(paged_attention, "_INVARIANT_PAIRS_PER_SM", 0 if request.param == "one-warp" else 10**6)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
 @pytest.mark.parametrize("heads", [(16, 8, 128), (8, 2, 64), (4, 4, 64)], ids=lambda h: f"H{h[0]}K{h[1]}D{h[2]}")
-def test_invariant_decode_rows_equal_the_training_rows(draw, dtype, heads):
+def test_invariant_decode_rows_equal_the_training_rows(draw, dtype, heads, invariant_decode_kernel):
     import cupy
 
     from barerl.ops import cuda

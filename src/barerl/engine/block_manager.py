@@ -64,8 +64,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return hits
         tokens, size = seq.token_ids, self.block_size
-        prev_hash = None
-        for start in range(0, (len(tokens) - 1) // size * size, size):
+        limit, prev_hash = (len(tokens) - 1) // size * size, None
+        for block_id, key in seq.prefix_hint:  # still cached under the very key a sequence of our prefix left
+            block = self.blocks[block_id]
+            if len(hits) * size >= limit or block.key is not key:
+                break
+            hits.append(block_id)
+            prev_hash = block.hash
+        for start in range(len(hits) * size, limit, size):
             key = self._block_key(tokens, start, prev_hash)
             key_hash = hash(key)  # a tuple's hash is not cached: computed once per block
             block_id = self.cached_block_ids.get(key_hash)
@@ -143,7 +149,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
-            key = self._block_key(seq.token_ids, i * self.block_size, seq.block_hashes[-1] if seq.block_hashes else None)
+            prev_hash = seq.block_hashes[-1] if seq.block_hashes else None
+            key = self._block_key(seq.token_ids, i * self.block_size, prev_hash)
             key_hash = hash(key)
             seq.block_hashes.append(key_hash)
             block = self.blocks[seq.block_table[i]]
@@ -152,7 +159,15 @@ class BlockManager:
                 self.cached_block_ids[key_hash] = block.block_id
 
     def free(self, seq: Sequence) -> None:
-        """Release seq's blocks, tail first so that a prefix's head stays cached longest."""
+        """Release seq's blocks, tail first so that a prefix's head stays cached longest; seq keeps the cached ones'
+        ids and keys (`released_blocks`) for a sequence that continues it."""
+        released = []
+        for block_id in seq.block_table:
+            key = self.blocks[block_id].key
+            if key is None:
+                break
+            released.append((block_id, key))
+        seq.released_blocks = released
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

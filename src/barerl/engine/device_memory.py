@@ -135,6 +135,9 @@ class RemappableBuffer:
         if lib is None or not getattr(self, "address", None) or not self.address.value:
             return
         if self.handle is not None:
+            # work queued on the memory (the engine's last fill of the cache, say) may outlive its last array:
+            # unmapping under it faults that work with an illegal address, which the next sync reports elsewhere
+            lib.cuCtxSynchronize()
             lib.cuMemUnmap(self.address, ctypes.c_size_t(self.nbytes))
             lib.cuMemRelease(self.handle)
         lib.cuMemAddressFree(self.address, ctypes.c_size_t(self.nbytes))

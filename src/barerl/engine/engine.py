@@ -85,16 +85,24 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------- requests
 
-    def new_request(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+    def new_request(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                    continues: Sequence | None = None) -> Request:
         """A validated request with its id and seed, not yet in the scheduler (ValueError / TypeError name the
-        problem)."""
-        self.validate(prompt_token_ids, params)
+        problem). `continues`: a finished sequence whose tokens the prompt extends (a conversation's next turn):
+        only the ids after them are checked, and the prefix cache finds the blocks it left by their ids."""
+        if continues is not None and not isinstance(continues, Sequence):
+            raise TypeError(f"continues must be the Sequence of an earlier request, got {type(continues).__name__}")
+        prefix = continues is not None and prompt_token_ids[: continues.num_tokens] == continues.token_ids
+        self.validate(prompt_token_ids, params, checked=continues.num_tokens if prefix else 0)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         request = Request(self._num_requests, prompt, prompt_token_ids, params, seed, self.eos_token_ids)
+        if prefix:
+            request.sequences[0].prefix_hint = continues.released_blocks
         self._num_requests += 1
         return request
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: list[int], params: SamplingParams, checked: int = 0) -> None:
+        """`checked`: leading ids known to be in the vocabulary (a sequence's own, which a prompt extends)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if not ids:
@@ -102,7 +110,7 @@ class Engine:
         if len(ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
         vocab_size = self.model.cfg.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab_size]
+        bad = [t for t in ids[checked:] if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
         if params.n > self.config.max_num_seqs:

@@ -67,6 +67,10 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the leading full, computed blocks
+        # (block id, key) of the cached blocks it held when freed, in order: a sequence that continues it finds
+        # them by these (BlockManager.lookup's prefix_hint), without building their keys again
+        self.released_blocks: list[tuple[int, tuple]] = []
+        self.prefix_hint: list[tuple[int, tuple]] = []  # another sequence's released blocks: a prefix of ours
         self.status = SequenceStatus.WAITING
         self.output_logprobs: list[float] = []
         self.finish_reason: str | None = None  # "stop" | "length"

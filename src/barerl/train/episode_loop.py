@@ -15,7 +15,8 @@ Design decisions:
 - A group's first turns (same prompt ids: the samples of one prompt) are one request with n samples, so
   the prompt is prefilled once and shared, as in single-turn generation.
 - Seeds (`turn_seed`): turn 0 of sample i draws from derive_seed(group_seed, i), what the n-sample request
-  gives it; turn t > 0 from a SeedSequence of (group_seed, i, t). An episode's tokens depend only on
+  gives it; turn t > 0 from two splitmix64 mixes, (group_seed, t) then sample i (a SeedSequence cost 30-80
+  us, at every continued turn, on the host while the GPU waits). An episode's tokens depend only on
   (group seed, sample, turn) and its own ids, never on when its environment answered or what it was
   batched with (on the GPU with batch_invariant, not even in the last bit of a log-prob).
 - Environment steps run in a WorkerPool. Between engine steps the loop takes in the steps that are done,
@@ -42,8 +43,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from barerl.engine.sampling_params import SamplingParams, derive_seed
 from barerl.engine.sequence import Request, Sequence
 from barerl.train.environments import finished_step
@@ -55,13 +54,15 @@ _WAIT_SECONDS = 1.0  # longest single wait for an environment step while the eng
 # longest a finished step's thread may wait for the interpreter lock before it can report
 _GATHER_GAP = 0.005
 _GATHER_SHARE = 0.25  # of an environment step's own time, the most that gathering may add to the wait
+_LATER_TURNS = 0x5DEECE66DA3B1F47  # turn_seed: mixed into the group seed for the turns after the first
 
 
 def turn_seed(group_seed: int, sample_index: int, turn: int) -> int:
     """The sampling seed of one turn of one episode (module docstring)."""
     if turn == 0:
         return derive_seed(group_seed, sample_index)
-    return int(np.random.SeedSequence([group_seed, sample_index, turn]).generate_state(1, np.uint64)[0])
+    # indices from 1: derive_seed passes index 0's seed through unmixed
+    return derive_seed(derive_seed(group_seed ^ _LATER_TURNS, turn + 1), sample_index + 1)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class EpisodeLoop:
         self.deterministic = deterministic
         self._turns: dict[tuple[int, int], Episode] = {}  # (request id, sample index) -> the episode it plays
         self._pending: list[Job] = []  # environment steps not taken in yet, in the order they were submitted
+        self._last_turns: dict[Episode, Sequence] = {}  # the sequence of each waiting episode's last turn
 
     def run(self, groups: list[list[Episode]], on_group_done: Callable[[int], None] | None = None) -> LoopStats:
         """Play every episode to its end; returns where the time went."""
@@ -155,19 +157,21 @@ class EpisodeLoop:
         for e in group:
             self._add([e], e.prompt_ids, turn_seed(e.group_seed, e.sample_index, 0), e.room)
 
-    def _continue(self, episode: Episode, computed: int) -> None:
-        """The episode's next turn; `computed`: its tokens whose KV an earlier turn left in the cache."""
+    def _continue(self, episode: Episode, computed: int, previous: Sequence) -> None:
+        """The episode's next turn; `computed`: its tokens whose KV an earlier turn left in the cache, the last
+        turn's sequence `previous` holding them."""
         block_size = self.engine.config.block_size
         episode.turn_reusable = computed // block_size * block_size
         episode.reusable_tokens += episode.turn_reusable
         seed = turn_seed(episode.group_seed, episode.sample_index, episode.num_turns)
-        self._add([episode], episode.ids, seed, episode.room)
+        self._add([episode], episode.ids, seed, episode.room, previous)
 
-    def _add(self, episodes: list[Episode], ids: list[int], seed: int, room: int) -> None:
+    def _add(self, episodes: list[Episode], ids: list[int], seed: int, room: int,
+             continues: Sequence | None = None) -> None:
         cap = self.sampling.max_tokens
         params = dataclasses.replace(self.sampling, n=len(episodes), seed=seed, logprobs=True,
                                      max_tokens=min(room, cap) if cap else room)
-        request = self.engine.new_request(None, ids, params)
+        request = self.engine.new_request(None, ids, params, continues)
         self._turns.update({(request.request_id, i): e for i, e in enumerate(episodes)})
         self.engine.add(request)
 
@@ -186,6 +190,7 @@ class EpisodeLoop:
         if not episode.add_turn(ids, seq.output_logprobs, text, cut=seq.finish_reason == "length"):
             return episode
         self._pending.append(self.steps.submit(episode.env.step, text, key=episode, timeout=self.step_timeout))
+        self._last_turns[episode] = seq
         return None
 
     def _observe(self, job: Job) -> Episode | None:
@@ -193,7 +198,8 @@ class EpisodeLoop:
         episode: Episode = job.key
         episode.step_seconds += job.seconds or 0.0
         computed = len(episode.ids) - 1  # the last sampled token's KV was never computed
+        previous = self._last_turns.pop(episode)
         if episode.add_observation(finished_step(job)):
-            self._continue(episode, computed)
+            self._continue(episode, computed, previous)
             return None
         return episode

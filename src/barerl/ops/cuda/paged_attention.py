@@ -7,7 +7,9 @@ operations in all three).
 
 Design decisions:
 - Decode (T == S, known from shapes alone, so no host sync) takes the split-KV kernel, or with `batch_invariant`
-  the invariant one. A CTA of the split-KV kernel takes one query token, the GROUP query heads of one kv head
+  the invariant one: a warp per (sequence, kv head), or where those pairs are too few to fill the GPU (a few
+  long sequences), four warps sharing each pair's tiles (keys split for the scores, columns for P V, the same
+  bits). A CTA of the split-KV kernel takes one query token, the GROUP query heads of one kv head
   (so each K/V byte is read once per query token) and one of `num_splits` even parts of the keys it sees.
 - Anything else (chunked prefill, prefix-cache hits, continued conversations, decode rows mixed in) runs as
   training does, in either setting: sequences with several new tokens through paged_prefill_attention (tiles
@@ -52,6 +54,9 @@ _MIN_SPLIT_TOKENS = 128
 # the kernel's cp.async pipeline: tokens per token group and round, and rounds in its shared-memory ring
 # (STAGES - 1 in flight; STAGES x UNROLL <= 10 fits the 48 KB of static shared memory at head_dim 128)
 _UNROLL, _STAGES = 4, 2
+# the invariant decode: one warp a (sequence, kv head) pair while the pairs give every SM this many (G1's 64 x 8 on
+# 132 SMs: four one-warp CTAs an SM, one wave), else INV_WARPS warps a pair (csrc/attention.cu; L1's 16 x 8)
+_INVARIANT_PAIRS_PER_SM = 2
 MAX_QUERY_TOKENS = 65535  # a grid's y and z extents: one CTA row per query token (engine steps hold 8,192)
 
 
@@ -170,9 +175,20 @@ def _paged_attention_tiled(q, k_cache, v_cache, block_tables, context_lens, cu_s
         smem = reserve_shared_memory(prefill, forward_shared_bytes(D, q.dtype))
         prefill((-(-T // forward_block_rows()) + 2 * S, H), (32 * ATTENTION_CONFIG["fwd_warps"],),
                 (*tables, i32(S), *geometry, np.int64(q_stride), np.float32(scale * LOG2E)), shared_mem=smem)
-    single = load_kernel("attention.cu", "paged_attention_invariant", defines)
-    # Q and a ring of 3 K/V tiles
-    smem = reserve_shared_memory(single, (16 + 3 * ATTENTION_CONFIG["fwd_bn"]) * (D + 8) * q.dtype.itemsize)
-    single((K, S), (32,), (*tables, *geometry, i32(decode), np.int64(q_stride), np.float32(scale * LOG2E)),
-           shared_mem=smem)
+    name, threads, smem = _invariant_decode(S * K, D, q.dtype)
+    single = load_kernel("attention.cu", name, defines)
+    single((K, S), (threads,), (*tables, *geometry, i32(decode), np.int64(q_stride), np.float32(scale * LOG2E)),
+           shared_mem=reserve_shared_memory(single, smem))
     return out
+
+
+def _invariant_decode(pairs: int, head_dim: int, dtype) -> tuple[str, int, int]:
+    """The invariant decode kernel for this many (sequence, kv head) pairs: its name, threads and dynamic shared
+    memory. One warp a pair while the pairs give every SM _INVARIANT_PAIRS_PER_SM; fewer pairs (a few long
+    sequences) share each pair's tiles among INV_WARPS warps, with the same bits."""
+    row_bytes, keys = (head_dim + 8) * np.dtype(dtype).itemsize, ATTENTION_CONFIG["fwd_bn"]
+    if pairs >= _INVARIANT_PAIRS_PER_SM * multiprocessors():
+        return "paged_attention_invariant", 32, (16 + 3 * keys) * row_bytes  # Q and a ring of 3 K or V tiles
+    warps = min(4, keys // 16)  # csrc/attention.cu's INV_WARPS
+    # Q, INV_STAGES = 3 stages of K and V tiles, a tile's fp32 scores
+    return "paged_attention_invariant_warps", 32 * warps, (16 + 6 * keys) * row_bytes + keys * 16 * 4

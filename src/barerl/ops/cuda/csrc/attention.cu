@@ -1,9 +1,9 @@
 // FlashAttention-2 for packed causal variable-length sequences with grouped-query heads (bf16/fp16 only).
 // Reference twin: ops/ref/attention.py (attention, attention_backward).
 // Launchers: ops/cuda/attention.py; tests: tests/ops/test_attention.py.
-// Also the paged-cache kernels paged_attention_invariant (single new tokens) and paged_prefill_attention (several
-// per sequence), launched from ops/cuda/paged_attention.py: they run this file's forward tile code, so a query
-// row's arithmetic is the same as in training.
+// Also the paged-cache kernels paged_attention_invariant and paged_attention_invariant_warps (single new tokens)
+// and paged_prefill_attention (several per sequence), launched from ops/cuda/paged_attention.py: they run this
+// file's forward tile code, so a query row's arithmetic is the same as in training.
 // Dtypes: __nv_bfloat16 __half
 //
 // Math:    per sequence, head h (kv head h / (H / K)): S = Q K^T * scale, causal; P = softmax(S);  O = P V;
@@ -114,10 +114,12 @@ __device__ __forceinline__ float quad_total(float partial) {
 }
 
 // This thread's columns of output row r (0: the rows g, 1: the rows g + 8) of an m16 tile: acc / sum, rounded.
-__device__ __forceinline__ void store_row(scalar_t* orow, const float (&acc)[D / 8][4], int r, int t, float sum) {
+// NT: the column tiles of 8 in acc, from orow's column on (a warp of the invariant decode holds a part of D).
+template <int NT = D / 8>
+__device__ __forceinline__ void store_row(scalar_t* orow, const float (&acc)[NT][4], int r, int t, float sum) {
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
         *reinterpret_cast<unsigned*>(orow + nt * 8 + 2 * t) =
             pack2(acc[nt][2 * r] * inv, acc[nt][2 * r + 1] * inv, scalar_t());
 }
@@ -128,19 +130,19 @@ __device__ __forceinline__ void store_row(scalar_t* orow, const float (&acc)[D /
 // sums stay per-thread partials (summed over the quad at the end). The training forward and the batch-invariant
 // decode kernel both run this code, so a query row goes through the same operations in the same order in both.
 // q_regs: Q's A fragments when MT = 1; else read at q_base. k_tile, v_tile: the tile's K and V in shared memory
-// (FWD_BN rows of pitch LD).
-template <int MT>
-__device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float (&acc)[MT][D / 8][4],
-                                           float (&row_max)[MT][2], float (&row_sum)[MT][2],
-                                           const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4], unsigned q_base,
-                                           unsigned k_tile, int lane, int kv0, bool masked,
-                                           const int (&row_pos)[MT][2], int len, float scale_log2) {
-    const int t = lane & 3;
+// (FWD_BN rows of pitch LD). score_tile is tile_scores then softmax_tile; the invariant decode's warps share a
+// tile between them: each computes the scores of PB of its 16-key parts (k_tile at the first) and the P V of DP
+// of its 16-column parts (v_tile at the first column, acc those columns), and all run softmax_tile on the whole
+// tile's scores. Every score and every acc element goes through the same operations in the same order either way.
+template <int MT, int PB = FWD_BN / 16>
+__device__ __forceinline__ void tile_scores(float (&s)[MT][FWD_BN / 8][4],
+                                            const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4], unsigned q_base,
+                                            unsigned k_tile, int lane) {
     const unsigned k_base = k_tile + lane_offset_b(lane, LD);
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int i = 0; i < FWD_BN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.0f;
+        for (int i = 0; i < 2 * PB; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         unsigned qf[MT][4];
@@ -153,7 +155,7 @@ __device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float 
                 ldsm_x4(qf[m], q_base + 16 * m * ROW + kk * 16 * EL);
         }
 #pragma unroll
-        for (int p = 0; p < FWD_BN / 16; ++p) {
+        for (int p = 0; p < PB; ++p) {
             unsigned b[4];
             ldsm_x4(b, k_base + p * 16 * ROW + kk * 16 * EL);
 #pragma unroll
@@ -163,6 +165,13 @@ __device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float 
             }
         }
     }
+}
+
+template <int MT, int NT = D / 8>
+__device__ __forceinline__ void softmax_tile(float (&s)[MT][FWD_BN / 8][4], float (&acc)[MT][NT][4],
+                                             float (&row_max)[MT][2], float (&row_sum)[MT][2], int lane, int kv0,
+                                             bool masked, const int (&row_pos)[MT][2], int len, float scale_log2) {
+    const int t = lane & 3;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         float tile_max[2] = {NEG_INF, NEG_INF};
@@ -200,7 +209,7 @@ __device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float 
             }
         }
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
+        for (int i = 0; i < NT; ++i) {
             acc[m][i][0] *= rescale[0];
             acc[m][i][1] *= rescale[0];
             acc[m][i][2] *= rescale[1];
@@ -210,7 +219,17 @@ __device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float 
 }
 
 template <int MT>
-__device__ __forceinline__ void accumulate_pv(float (&acc)[MT][D / 8][4], const float (&s)[MT][FWD_BN / 8][4],
+__device__ __forceinline__ void score_tile(float (&s)[MT][FWD_BN / 8][4], float (&acc)[MT][D / 8][4],
+                                           float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                           const unsigned (&q_regs)[MT == 1 ? D / 16 : 1][4], unsigned q_base,
+                                           unsigned k_tile, int lane, int kv0, bool masked,
+                                           const int (&row_pos)[MT][2], int len, float scale_log2) {
+    tile_scores<MT>(s, q_regs, q_base, k_tile, lane);
+    softmax_tile<MT>(s, acc, row_max, row_sum, lane, kv0, masked, row_pos, len, scale_log2);
+}
+
+template <int MT, int DP = D / 16>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[MT][2 * DP][4], const float (&s)[MT][FWD_BN / 8][4],
                                               unsigned v_tile, int lane) {
     const unsigned v_base = v_tile + lane_offset_a(lane, LD);
 #pragma unroll
@@ -224,7 +243,7 @@ __device__ __forceinline__ void accumulate_pv(float (&acc)[MT][D / 8][4], const 
             a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3], scalar_t());
         }
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
+        for (int dp = 0; dp < DP; ++dp) {
             unsigned b[4];
             ldsm_x4_trans(b, v_base + kk * 16 * ROW + dp * 16 * EL);
 #pragma unroll
@@ -263,9 +282,10 @@ struct PagedKeys {
     const scalar_t* v_cache;
     const int* table;  // the sequence's block table row
     int block_size, num_kv_heads;
+    template <int NTHREADS = FWD_THREADS>  // the block's threads, which share the copy
     __device__ __forceinline__ void load(scalar_t* sk, scalar_t* sv, int key0, int len) const {
         constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-        for (int c = threadIdx.x; c < FWD_BN * CHUNKS; c += FWD_THREADS) {
+        for (int c = threadIdx.x; c < FWD_BN * CHUNKS; c += NTHREADS) {
             const int r = c / CHUNKS, col = (c % CHUNKS) * 8, key = key0 + r;
             const bool valid = key < len;
             const long long slot = valid ? (long long)table[key / block_size] * block_size + key % block_size : 0;
@@ -532,6 +552,99 @@ extern "C" __global__ void __launch_bounds__(32) paged_attention_invariant(
         const float sum = quad_total(row_sum[0][r]);
         const int head = g + 8 * r;  // this thread's row of the tile: a query head of the group, or padding
         if (head < group) store_row(out + ((long long)t * num_heads + kvh * group + head) * D, acc[0], r, lane & 3, sum);
+    }
+}
+
+// paged_attention_invariant for a few sequences (too few (sequence, kv head) pairs to fill the GPU with one warp
+// each): INV_WARPS warps share each pair's tiles, with the same result to the bit. Of every K/V tile, each warp
+// computes the scores of its INV_PB 16-key parts (tile_scores) and passes them to the others through shared memory;
+// every warp then runs the whole tile's softmax_tile (the same operations on the same scores: the same maxima, sums
+// and probabilities in each) and the P V of its INV_DP 16-column parts of the head (accumulate_pv), and stores those
+// columns. A score is the same mma sequence over D whichever warp computes it, and an output column's acc the same
+// rescales and mma sequence over the keys, so every row goes through training's operations in training's order.
+// Tiles go through a ring of INV_STAGES stages of K and V, copied by all the block's threads, two tiles ahead.
+// Same arguments and grid (K, S) as paged_attention_invariant; INV_THREADS threads; invariant_warps_shared_bytes.
+constexpr int INV_WARPS = FWD_BN / 16 < 4 ? FWD_BN / 16 : 4;  // four, or one a 16-key part of a narrower tile
+constexpr int INV_THREADS = 32 * INV_WARPS, INV_STAGES = 3;
+constexpr int INV_PB = FWD_BN / 16 / INV_WARPS, INV_DP = D / 16 / INV_WARPS;  // a warp's 16-key, 16-column parts
+static_assert(INV_PB * INV_WARPS * 16 == FWD_BN && INV_DP * INV_WARPS * 16 == D,
+              "the invariant decode's warps split a tile's keys and the head's columns evenly");
+
+extern "C" __global__ void __launch_bounds__(INV_THREADS) paged_attention_invariant_warps(
+    scalar_t* __restrict__ out, const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
+    const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+    const int* __restrict__ cu_seqlens_q, int num_heads, int num_kv_heads, int block_size, int max_blocks,
+    int is_decode, long long q_stride, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int TILE = FWD_BN * LD;  // elements of one K or V tile in shared memory
+    scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+    scalar_t* sK = sQ + 16 * LD;              // INV_STAGES stages
+    scalar_t* sV = sK + INV_STAGES * TILE;    // INV_STAGES stages
+    float* sS = reinterpret_cast<float*>(sV + INV_STAGES * TILE);  // a tile's scores, [FWD_BN / 8][4][32 lanes]
+    const int kvh = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const int group = num_heads / num_kv_heads;
+    const int t = is_decode ? s : cu_seqlens_q[s];  // the sequence's new token
+    if (!is_decode && cu_seqlens_q[s + 1] - t != 1) return;
+    const int pos = context_lens[s] - 1;  // the token's position in its sequence
+    const int len = pos + 1;              // keys it sees
+    const int num_tiles = (len + FWD_BN - 1) / FWD_BN;
+    const PagedKeys keys{k_cache + kvh * D, v_cache + kvh * D, block_tables + (long long)s * max_blocks, block_size,
+                         num_kv_heads};
+
+    // prologue: groups (Q, tile 0) and (tile 1) committed
+    const scalar_t* qt = q + (long long)t * q_stride + (long long)kvh * group * D;
+    for (int c = threadIdx.x; c < 16 * (D / 8); c += INV_THREADS) {  // rows past the group are zeros
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        cp_async16(sQ + r * LD + col, qt + (r < group ? r * D : 0) + col, r < group ? 16 : 0);
+    }
+    keys.template load<INV_THREADS>(sK, sV, 0, len);
+    cp_async_commit();
+    if (num_tiles > 1) keys.template load<INV_THREADS>(sK + TILE, sV + TILE, FWD_BN, len);
+    cp_async_commit();
+
+    float acc[1][2 * INV_DP][4], scores[1][FWD_BN / 8][4];
+    float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+    for (int i = 0; i < 2 * INV_DP; ++i) acc[0][i][0] = acc[0][i][1] = acc[0][i][2] = acc[0][i][3] = 0.0f;
+    const int row_pos[1][2] = {{pos, pos}};
+    unsigned q_regs[D / 16][4];
+    const unsigned q_base = smem_addr(sQ) + lane_offset_a(lane, LD);
+    for (int j = 0; j < num_tiles; ++j) {
+        const int stage = j % INV_STAGES;
+        if (j + 2 < num_tiles) {  // into the stage tile j - 1 left, free since the last barrier
+            const int ahead = (j + 2) % INV_STAGES;
+            keys.template load<INV_THREADS>(sK + ahead * TILE, sV + ahead * TILE, (j + 2) * FWD_BN, len);
+        }
+        cp_async_commit();
+        cp_async_wait<2>();  // this thread's copies of tile j landed (tiles j + 1, j + 2 may be in flight)
+        __syncthreads();     // and every other thread's
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(q_regs[kk], q_base + kk * 16 * EL);
+        }
+        const int kv0 = j * FWD_BN;
+        tile_scores<1, INV_PB>(scores, q_regs, q_base, smem_addr(sK + stage * TILE) + warp * INV_PB * 16 * ROW, lane);
+#pragma unroll
+        for (int i = 0; i < 2 * INV_PB; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sS[((warp * 2 * INV_PB + i) * 4 + e) * 32 + lane] = scores[0][i][e];
+        __syncthreads();  // the whole tile's scores are in sS
+#pragma unroll
+        for (int nt = 0; nt < FWD_BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) scores[0][nt][e] = sS[(nt * 4 + e) * 32 + lane];
+        softmax_tile<1, 2 * INV_DP>(scores, acc, row_max, row_sum, lane, kv0, kv0 + FWD_BN > len, row_pos, len,
+                                    scale_log2);
+        accumulate_pv<1, INV_DP>(acc, scores, smem_addr(sV + stage * TILE) + warp * INV_DP * 16 * EL, lane);
+        __syncthreads();  // tile j's stage and sS are free: refilled and rewritten from the next tile on
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = quad_total(row_sum[0][r]);
+        const int head = g + 8 * r;  // this thread's row of the tile: a query head of the group, or padding
+        if (head < group)
+            store_row<2 * INV_DP>(out + ((long long)t * num_heads + kvh * group + head) * D + warp * INV_DP * 16,
+                                  acc[0], r, lane & 3, sum);
     }
 }
 
