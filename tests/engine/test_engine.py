@@ -214,3 +214,26 @@ def test_a_continued_conversation_finds_its_blocks_and_checks_only_its_new_ids()
         engine.new_request(None, ids, greedy, continues=continued)
     other = engine.new_request(None, [5, *turn.token_ids[1:], 7], greedy, continues=turn)
     assert other.sequences[0].prefix_hint == []  # not an extension of it: found by keys alone
+
+
+@pytest.mark.parametrize("max_num_seqs, warned", [(16, True), (64, False)])
+def test_batch_invariant_decode_warns_when_its_pairs_cannot_fill_the_gpu(monkeypatch, max_num_seqs, warned):
+    """The start-up warning runs only on CUDA: here its condition and message, with the SM count of an H100."""
+    import types
+    import warnings
+
+    from barerl.ops.cuda import launch
+
+    monkeypatch.setattr(launch, "multiprocessors", lambda: 132)
+    engine = types.SimpleNamespace(
+        model=types.SimpleNamespace(batch_invariant=True, device="cuda",
+                                    cfg=types.SimpleNamespace(num_key_value_heads=8)),
+        config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Engine._warn_if_invariant_decode_is_narrow(engine)
+    messages = [str(w.message) for w in caught]
+    if warned:  # 16 x 8 = 128 pairs < 2 x 132
+        assert len(messages) == 1 and "16 sequences x 8 kv heads = 128 CTAs for 132 SMs" in messages[0]
+    else:
+        assert messages == []
