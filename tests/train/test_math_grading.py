@@ -72,10 +72,23 @@ def test_math_verify_sees_equivalent_expressions(completion, answer):
     ("Final Answer: The largest $n$ is 34.", "34"),  # an answer sentence: its last number
     ("Final Answer: The final answer is 12,000,023. I hope it is correct.", "12,000,023"),  # its first sentence
     ("Jane started growing Sphere 3 hours ago.", "3"),
+    # "the final answer is" after the last box restates the answer (a plain "Answer:" line does not: test_rewards)
+    (r"so $\boxed{255}$ more: $10,455$. Final Answer: The final answer is $10,455$. I hope it is correct.",
+     "10,455"),
+    (r"between $\boxed{12 $ and $13 }. $ Final Answer: The final answer is $12$ and $13$.", "12, 13"),
+    ("so there are 1 000 of them", "1 000"),  # digits in groups of three after spaces
+    ("so there are 1 000.5 of them", "1 000.5"),
 ])
 
 def test_builtin_extraction(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("completion, correct", [(r"\boxed{28\%}", True), (r"\boxed{27\%}", False)])
+def test_builtin_reference_from_a_worked_answer_line(completion, correct):
+    reference = (r"It loses $10 \%$, then $20 \%$ of the rest. Final Answer: The final answer is $28 \%$. "
+                 r"I hope it is correct. Note: the solution above is checked again below.")
+    assert grade(completion, reference, "builtin") == float(correct)
 
 
 def test_builtin_extraction_skips_digits_in_words():
@@ -98,6 +111,16 @@ def test_builtin_extraction_skips_digits_in_words():
     (r"\$16,\! 386.20", "16386.2", True),
     (r"\$16,\! 387.20", "16386.2", False),
     ("32, 349", "32349", False),  # a comma and a space part a list's items
+    ("14 {, }916", "14{,}916", True),
+    ("14 {, }916", "14917", False),
+    ("1 000", "1000", True),
+    ("1 000", "1001", False),
+    ("(12,102)", "(12, 102)", True),  # a grouped number alone in brackets is a pair
+    ("(12,102)", "12102", False),
+    (r"(2,12) \cup (12,102)", r"(2, 12) \cup (12, 102)", True),
+    (r"(2,12) \cup (12,102)", r"(2, 12) \cup (12, 103)", False),
+    ("(0;-2;6)", "(0, -2, 6)", True),  # a point's coordinates parted by semicolons
+    ("(0;-2;6)", "(0, 2, 6)", False),
     (r"\\frac{1}{2}", "1/2", True),  # a backslash escaped twice (JSON)
     # an equation is its stated value only when its left side is a name
     ("A:B=1", "1", True),

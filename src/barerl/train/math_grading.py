@@ -6,7 +6,8 @@ Two graders behind one call, `grade(completion, reference, grader)`:
   intervals, sets, equations, units, percentages). Its timeouts use `signal.alarm`, which works only in a
   process's main thread, so in other threads (a `RewardRunner` with `num_workers=0`) it runs without them.
 - "builtin": a small hand-written grader with no dependencies: the last `\\boxed{}` (with the boxes listed
-  just before it; else an `Answer:` line, a GSM8K `####`, or the last math span or number), normalised, and
+  just before it; "the final answer is ..." after it instead; else an `Answer:` line, a GSM8K `####`, or the
+  last math span or number), normalised, and
   compared as numbers, strings, tuples and intervals item by item, sets and lists in any order, matrices
   entry by entry, relations (and a reference inequality against an interval), and expressions by their
   values at a few points, with a small safe evaluator of its own (math_expressions.py). It stays the fallback so that the core
@@ -15,7 +16,7 @@ Two graders behind one call, `grade(completion, reference, grader)`:
   "math_verify" (`math_accuracy`'s `grader` argument, or the built-in reward `math_verify`) without the
   package is an error naming the extra, never a silent fallback.
 
-A reference is a dataset's `answer` (the whole value, or its `\\boxed{}` / `####` part) or a worked
+A reference is a dataset's `answer` (the whole value, or its `\\boxed{}` / `Answer:` / `####` part) or a worked
 `solution` (its final answer is extracted as from a completion). A reference that yields no answer grades
 as None: "not applicable", never a wrong 0.
 """
@@ -136,12 +137,9 @@ def _box_at(text: str, start: int, end: int, closing: dict[int, int]) -> tuple[i
 _BOX_GAP = re.compile(r"(?:\s|[,;$]|\\[()\[\]]|\\q?quad|\\text\{\s*(?:and|or)?\s*\}|and|or)*", re.IGNORECASE)
 
 
-def _boxed_answer(text: str) -> str | None:
-    """The last box, with the boxes just before it that only separators part from it, as one list "1, 2"
-    (a model that boxes each solution); None without a box. "\\boxed{3} for part (a) and \\boxed{1}" is 1."""
-    boxes = _boxed_spans(text)
-    if not boxes:
-        return None
+def _boxed_run(text: str, boxes: list[tuple[int, int, str]]) -> str:
+    """The last of `boxes`, with the boxes just before it that only separators part from it, as one list
+    "1, 2" (a model that boxes each solution). "\\boxed{3} for part (a) and \\boxed{1}" is 1."""
     run = [boxes[-1]]
     for box in reversed(boxes[:-1]):
         if not _BOX_GAP.fullmatch(text, box[1], run[0][0]):
@@ -151,24 +149,39 @@ def _boxed_answer(text: str) -> str | None:
 
 
 _FRACTION = r"-?\\[dtc]?frac\{\d+\}\{\d+\}"
+# digits in groups of three after commas or after spaces ("10,455", "1 000") are one number
+_GROUPED_DIGITS = r"-?\d{1,3}(?:(?:,\d{3})+|(?: \d{3})+)(?:\.\d+)?(?!\d)"
 # a number glued to a letter before it ("H2O", "x2", "AZYUK2A") is part of a word, not an answer
-_NUMBER = r"(?<![A-Za-z])(?:" + _FRACTION + r"|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d*\.\d+|-?\d+(?:/\d+)?)"
+_NUMBER = r"(?<![A-Za-z])(?:" + _FRACTION + "|" + _GROUPED_DIGITS + r"|-?\d*\.\d+|-?\d+(?:/\d+)?)"
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", flags=re.DOTALL)
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer in a model's text: the last \\boxed{} (with the boxes listed just before it), else the
-    last `Answer:` line, else the text after the last `####` (GSM8K), else the last math span ($...$,
-    \\(...\\), \\[...\\]) or number, whichever ends later. Of an `Answer:` line, a leading "the final answer
-    is" goes and its last math span is taken when it has one. None when there is none of these."""
-    boxed = _boxed_answer(text)
-    if boxed is not None:
-        return boxed
-    for pattern in (r"answer\s*:\s*(.+)", r"####\s*(.+)"):
-        found = re.findall(pattern, text, flags=re.IGNORECASE)
-        if found:
-            return _answer_line_value(found[-1])
-    return _last_span_or_number(text)
+    """The final answer in a model's text: its stated answer (`_stated_answer`), else the text after the last
+    `####` (GSM8K), else the last math span ($...$, \\(...\\), \\[...\\]) or number, whichever ends later.
+    None when there is none of these."""
+    stated = _stated_answer(text)
+    if stated is not None:
+        return stated
+    marked = re.findall(r"####\s*(.+)", text)
+    return _answer_line_value(marked[-1]) if marked else _last_span_or_number(text)
+
+
+# "the final answer is ..." after the last box restates the answer after boxing a step's result (math-verify
+# too ranks this statement above boxes)
+_FINAL_ANSWER_IS = re.compile(r"final answer is\s*:?\s*(.+)", flags=re.IGNORECASE)
+
+
+def _stated_answer(text: str) -> str | None:
+    """The last \\boxed{} (with the boxes listed just before it) unless "the final answer is" follows it (then
+    what that statement gives), else the last `Answer:` line's value (`_answer_line_value`); None without a
+    box or such a line."""
+    boxes = _boxed_spans(text)
+    if boxes:
+        restated = list(_FINAL_ANSWER_IS.finditer(text, boxes[-1][1]))
+        return _answer_line_value(restated[-1].group(1)) if restated else _boxed_run(text, boxes)
+    answer_lines = re.findall(r"answer\s*:\s*(.+)", text, flags=re.IGNORECASE)
+    return _answer_line_value(answer_lines[-1]) if answer_lines else None
 
 
 def _last_span_or_number(text: str) -> str | None:
@@ -183,14 +196,16 @@ def _last_span_or_number(text: str) -> str | None:
 def _answer_line_value(line: str) -> str:
     """The answer an `Answer:` line gives: its first sentence ("12,000,023. I hope it is correct." is
     12,000,023) without "the final answer is"; of a sentence in words ("The largest $n$ is 34") its last
-    math span or number, whichever ends later, else its last math span, else the whole sentence."""
+    math span or number, whichever ends later, else its math spans as one list ("$12$ and $13$" is "12, 13"),
+    else the whole sentence."""
     line = re.split(r"\.\s+(?=[A-Z<])", line.strip(), maxsplit=1)[0]
     line = re.sub(r"^the final answer is\s*", "", line, flags=re.IGNORECASE).rstrip(".")
-    words = re.search(r"[A-Za-z]{3,}", re.sub(r"\\[a-zA-Z]+", " ", _MATH_SPAN.sub(" ", line)))
+    outside_spans = re.sub(r"\\[a-zA-Z]+", " ", _MATH_SPAN.sub(" ", line))
+    words = re.search(r"\b(?!and\b)[A-Za-z]{3,}", outside_spans)  # "and" only lists the spans
     spans = list(_MATH_SPAN.finditer(line))
     if words:
         return _last_span_or_number(line) or line
-    return _span_text(spans[-1]) if spans else line
+    return ", ".join(_span_text(span) for span in spans) if spans else line
 
 
 def _span_text(span: re.Match) -> str:
@@ -198,14 +213,14 @@ def _span_text(span: re.Match) -> str:
 
 
 def reference_answer(value) -> str | None:
-    """A dataset's gold answer: its \\boxed{} (boxes listed together: all of them) or `####` part when it has
-    one, else the whole value."""
+    """A dataset's gold answer: its stated answer (\\boxed{}, boxes listed together: all of them; or an
+    `Answer:` line, as a worked solution ends) or `####` part when it has one, else the whole value."""
     if value is None:
         return None
     text = str(value)
-    boxed = _boxed_answer(text)
-    if boxed is not None:
-        return boxed
+    stated = _stated_answer(text)
+    if stated is not None:
+        return stated
     return text.rsplit("####", 1)[-1].strip() if "####" in text else text.strip()
 
 
@@ -223,9 +238,9 @@ def _clean(answer: str) -> str:
     """An answer without its LaTeX layout, spaces kept (they part words, commands and list items): no $,
     \\left, spacing commands, text wrappers (\\text, \\mathrm, ...); \\dfrac as \\frac with braces (\\frac94
     is \\frac{9}{4}, \\sqrt 3 is \\sqrt{3}); \\geq, \\leq, \\neq, ... as >=, <=, !=; no digit-grouping commas
-    (1,234 and 14{,}916, not "1,2" or "32, 349", which are lists)."""
+    (1,234 and 14{,}916, not "1,2" or "32, 349", which are lists, nor "(12,102)", a pair)."""
     s = re.sub(rf"(?<!\\)\\\\(?={_ESCAPED_COMMANDS}(?![a-zA-Z]))", r"\\", answer.strip())
-    s = re.sub(r"\{,\}|,\\!\s*", ",", s)  # LaTeX digit grouping: 14{,}916, 11,\! 111
+    s = re.sub(r"\s*\{\s*,\s*\}\s*|,\\!\s*", ",", s)  # LaTeX digit grouping: 14{,}916, 14 {, }916, 11,\! 111
     for token in _DROPPED:
         s = s.replace(token, "")
     s = re.sub(r"(?<!\\)\\ |\\q?quad", " ", s)  # not the "\\ " of a matrix row's end
@@ -235,7 +250,19 @@ def _clean(answer: str) -> str:
     s = re.sub(r"\\frac(\{[^{}]*\})\s*(\d)", r"\\frac\1{\2}", s)
     s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)
     s = re.sub(r"\\(geq|ge|leq|le|neq|ne|gt|lt)(?![a-zA-Z])", lambda m: _RELATIONS[m.group(1)], s)
-    return re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)
+    return _GROUPED_NUMBER.sub(_without_grouping, s)
+
+
+# a number in groups of three digits parted by commas: 1,234 or 12,000,023 ("1,2", "1,2345" are lists)
+_GROUPED_NUMBER = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d,])")
+
+
+def _without_grouping(number: re.Match) -> str:
+    """A grouped number without its commas, unless it fills a pair of brackets alone: "(12,102)" is the pair
+    (12, 102), as an interval or a point; a bracketed one-number answer would need no brackets."""
+    text, start, end = number.string, number.start(), number.end()
+    enclosed = start > 0 and text[start - 1] in "([" and text[end:end + 1] in (")", "]")
+    return number.group(0) if enclosed else number.group(0).replace(",", "")
 
 
 def normalize_answer(answer: str) -> str:
@@ -329,17 +356,21 @@ def _same_sequence(predicted: list[str], reference: list[str]) -> bool:
 
 
 def _bracketed_items(s: str) -> list[str] | None:
-    """The comma-separated items of "(a,b)", "[a,b)", ... (commas inside braces or brackets kept);
-    None for anything else."""
+    """The items of "(a,b)", "[a,b)", ..., parted by commas, or by semicolons where no comma parts them
+    ("(0;-2;6)", as many countries write a point); separators inside braces or brackets kept. None for
+    anything else."""
     if len(s) < 2 or s[0] not in "([" or s[-1] not in ")]":
         return None
-    items, depth, start = [], 0, 1
-    for i, ch in enumerate(s[1:-1], start=1):
-        depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 0:
-            items.append(s[start:i])
-            start = i + 1
-    return [*items, s[start:-1]] if items else None
+    for separator in ",;":
+        items, depth, start = [], 0, 1
+        for i, ch in enumerate(s[1:-1], start=1):
+            depth += (ch in "([{") - (ch in ")]}")
+            if ch == separator and depth == 0:
+                items.append(s[start:i])
+                start = i + 1
+        if items:
+            return [*items, s[start:-1]]
+    return None
 
 
 # ---- sets and lists
