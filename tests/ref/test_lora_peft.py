@@ -19,11 +19,11 @@ transformers = pytest.importorskip("transformers")
 PARTIAL = ("q_proj", "v_proj", "up_proj")  # one module of each fused site left out, one unfused site left out
 
 
-def peft_model(tiny_hf_model, family, tmp_path, targets, seed=1):
+def peft_model(tiny_hf_model, family, tmp_path, targets, seed=1, use_rslora=False):
     """(the base's folder, a peft model of it with random lora_A and lora_B, r 4, lora_alpha 8)."""
     folder, hf = tiny_hf_model(family, tmp_path)
     torch.manual_seed(seed)
-    config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+    config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, use_rslora=use_rslora,
                              target_modules="all-linear" if targets == "all-linear" else list(targets))
     return folder, peft.get_peft_model(hf, config)
 
@@ -91,17 +91,30 @@ def test_a_peft_adapter_gives_peft_logits_in_training_and_in_the_engine(tiny_hf_
     assert rel_err(engine[0], ref[-1]) < 1e-5
 
 
-def test_a_barerl_adapter_loads_in_peft_with_barerl_logits(tiny_hf_model, tmp_path):
+def test_a_peft_rslora_adapter_gives_peft_logits(tiny_hf_model, tmp_path):
+    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, PARTIAL, use_rslora=True)
+    model = barerl_with_adapter(folder, pm, tmp_path)
+    assert model.lora.config.use_rslora and model.lora.config.scale == 8 / 2  # lora_alpha / sqrt(r)
+    seq = np.random.default_rng(5).integers(0, model.cfg.vocab_size, 23).tolist()
+    with torch.no_grad():
+        ref = pm(torch.tensor([seq])).logits[0].numpy()
+    assert rel_err(logits(model, seq), ref) < 1e-5
+
+
+@pytest.mark.parametrize("use_rslora", [False, True])
+def test_a_barerl_adapter_loads_in_peft_with_barerl_logits(tiny_hf_model, tmp_path, use_rslora):
     folder, _ = tiny_hf_model("qwen2", tmp_path)  # q/k/v biases: frozen, under the adapters
     model = Model.from_pretrained(folder)
     adapters = add_lora(model, LoraConfig(r=4, lora_alpha=6, target_modules=("q_proj", "k_proj", "o_proj",
-                                                                             "down_proj")), seed=3)
+                                                                             "down_proj"), use_rslora=use_rslora),
+                        seed=3)
     for _, _, site in adapters.weights.sites():  # as if trained: B is zero at the start
         for m in site.targeted:
             site.module_B(m)[...] = np.random.default_rng(4).normal(0, 0.1, site.module_B(m).shape)
     save_adapter(tmp_path / "ours", adapters, base_model=str(folder))
     saved = json.loads((tmp_path / "ours" / ADAPTER_CONFIG).read_text())
     assert saved["base_model_name_or_path"] == str(folder) and saved["r"] == 4 and saved["lora_alpha"] == 6
+    assert saved["use_rslora"] is use_rslora
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").float()
     pm = peft.PeftModel.from_pretrained(hf, tmp_path / "ours").eval()
     seq = list(range(1, 50))
@@ -110,10 +123,11 @@ def test_a_barerl_adapter_loads_in_peft_with_barerl_logits(tiny_hf_model, tmp_pa
     assert rel_err(logits(model, seq), ref) < 1e-5
 
 
-def test_merge_command_writes_what_peft_merges(tiny_hf_model, tmp_path):
+@pytest.mark.parametrize("use_rslora", [False, True])
+def test_merge_command_writes_what_peft_merges(tiny_hf_model, tmp_path, use_rslora):
     from barerl.cli import main
 
-    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, "all-linear")
+    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, "all-linear", use_rslora=use_rslora)
     pm.save_pretrained(tmp_path / "adapter")
     assert main(["merge", "--model", str(folder), "--adapter", str(tmp_path / "adapter"), "--output",
                  str(tmp_path / "merged")]) == 0

@@ -9,6 +9,7 @@ unit norm weights, no hidden state gives any token more than ~12% of the probabi
 adapters, which never touch the head, can learn there (peft's LoRA on it plateaus the same way)."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -24,11 +25,12 @@ from train_helpers import (
     tiny_model,
 )
 
+from barerl.config import ConfigError
 from barerl.formats.safetensors import read_safetensors
 from barerl.model.batch import PackedBatch
 from barerl.model.checkpoint import save_checkpoint
 from barerl.model.lora import LoraConfig, add_lora
-from barerl.model.peft_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from barerl.model.peft_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter
 from barerl.ops import ref
 from barerl.train.config import SFTConfig
 from barerl.train.demo import make_tokenizer
@@ -110,6 +112,16 @@ def test_a_run_starts_from_a_peft_adapter(tmp_path):
         assert config["base_model_name_or_path"] == str(base.resolve()) and config["r"] == LORA["lora_r"]
     with pytest.raises(ValueError, match="lora_r=4.*r=8"):
         sft(tmp_path / "wrong", 1, model=base, lora_adapter=first.checkpoint, lora_r=4)
+
+
+def test_rslora_runs_save_and_resume_their_scale(tmp_path):
+    """use_rslora: adapters scaled by lora_alpha / sqrt(r), written to adapter_config.json and read back."""
+    result = sft(tmp_path / "rs", 1, use_rslora=True)
+    assert json.loads((tmp_path / "rs" / "checkpoint-1" / ADAPTER_CONFIG).read_text())["use_rslora"] is True
+    lora, _ = read_adapter(result.checkpoint)
+    assert lora.use_rslora and lora.scale == LORA["lora_alpha"] / math.sqrt(LORA["lora_r"])
+    with pytest.raises(ConfigError, match="use_rslora"):
+        LoraConfig(r=4, use_rslora="yes")
 
 
 def test_a_model_with_adapters_trains_only_in_their_layout(tmp_path):

@@ -3,7 +3,7 @@
 Design decisions:
 - peft's parametrisation: y = x W^T + (lora_alpha / r) (dropout(x) A^T) B^T with A (r, in) and B (out, r),
   B zero at the start and A kaiming-uniform, so adapters round-trip with peft and the optimizer moves what
-  peft's moves.
+  peft's moves; with `use_rslora` the scale is lora_alpha / sqrt(r) (rank-stabilised LoRA, peft's option).
 - One flat buffer (`LoraWeights`) holds every adapter, with named views as `ParameterBuffer` has for the
   base, so the optimizer (fp32 master, moments, gradients, stochastic rounding, offload) runs over it as it
   is. The base keeps one copy (bf16 on the GPU), gets no gradient buffer and no optimizer state.
@@ -61,6 +61,7 @@ class LoraConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
     target_modules: tuple[str, ...] = (ALL_LINEAR,)
+    use_rslora: bool = False
 
     def __post_init__(self):
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
@@ -69,11 +70,15 @@ class LoraConfig:
             raise ConfigError(f"lora_alpha: must be > 0, got {self.lora_alpha!r}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"lora_dropout: must be in [0, 1), got {self.lora_dropout!r}")
+        if not isinstance(self.use_rslora, bool):
+            raise ConfigError(f"use_rslora: must be true or false, got {self.use_rslora!r}")
         object.__setattr__(self, "target_modules", resolve_target_modules(self.target_modules))
 
     @property
     def scale(self) -> float:
-        return self.lora_alpha / self.r
+        """What multiplies B A: lora_alpha / r, or lora_alpha / sqrt(r) with rank-stabilised LoRA (an adapter's
+        update then keeps its size as r grows)."""
+        return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
 
 def resolve_target_modules(names) -> tuple[str, ...]:
@@ -124,7 +129,8 @@ def lora_config_of(train) -> LoraConfig | None:
     adapters from a PEFT folder)."""
     if not train.lora_r:
         return None
-    return LoraConfig(train.lora_r, train.lora_alpha, train.lora_dropout, train.lora_target_modules)
+    return LoraConfig(train.lora_r, train.lora_alpha, train.lora_dropout, train.lora_target_modules,
+                      train.use_rslora)
 
 
 class Site:
@@ -214,7 +220,7 @@ class Adapted:
 
     base: object  # (out, in) the frozen base weight
     site: Site  # the working adapters
-    scale: float  # lora_alpha / r
+    scale: float  # LoraConfig.scale
     stream: int  # the site's dropout stream: 4 * layer + site index
 
 

@@ -8,9 +8,10 @@ Design decisions:
   never replaces one that is not an adapter, `write_adapter` writes into a folder being made (a training
   checkpoint's).
 - The config carries what peft needs to rebuild the modules (r, lora_alpha, lora_dropout, target_modules,
-  base_model_name_or_path) and states peft's defaults for the rest. Reading accepts peft's LoRA as barerl
-  computes it and refuses, naming the file and the field, every option that would change the math (DoRA,
-  rsLoRA, per-module ranks, biases, layers left out, modules saved whole) instead of loading it wrongly.
+  use_rslora, base_model_name_or_path) and states peft's defaults for the rest. Reading accepts peft's LoRA
+  and rsLoRA as barerl computes them and refuses, naming the file and the field, every option that would
+  change the math (DoRA, per-module ranks, biases, layers left out, modules saved whole) instead of loading it
+  wrongly.
 - Reading fills the buffer on the host and copies it to the device in one piece, in place when the model
   has adapters of the same layout already (a resumed or reloaded run: CUDA graphs keep their addresses).
 """
@@ -33,7 +34,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 # options that change peft's math, with the value barerl computes
-_PLAIN_LORA = {"bias": "none", "use_dora": False, "use_rslora": False, "fan_in_fan_out": False,
+_PLAIN_LORA = {"bias": "none", "use_dora": False, "fan_in_fan_out": False,
                "lora_bias": False, "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
                "rank_pattern": {}, "alpha_pattern": {}, "exclude_modules": None, "target_parameters": None,
                "trainable_token_indices": None, "layer_replication": None, "use_qalora": False,
@@ -70,7 +71,7 @@ def write_adapter(folder: str | os.PathLike, adapters: LoraAdapters, base_model:
     lora = adapters.config
     alpha = int(lora.lora_alpha) if float(lora.lora_alpha).is_integer() else lora.lora_alpha
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-              "r": lora.r, "lora_alpha": alpha, "lora_dropout": lora.lora_dropout,
+              "r": lora.r, "lora_alpha": alpha, "lora_dropout": lora.lora_dropout, "use_rslora": lora.use_rslora,
               "target_modules": list(lora.target_modules), "inference_mode": True, "init_lora_weights": True,
               "revision": None, **_PLAIN_LORA}
     write_json(os.path.join(folder, ADAPTER_CONFIG), config)
@@ -88,7 +89,7 @@ def read_adapter(folder: str | os.PathLike, lora_dropout: float = 0.0) -> tuple[
     modules = {name.split(".")[-3] for name in tensors if name.endswith(".lora_A.weight")}
     try:
         return LoraConfig(r=raw.get("r"), lora_alpha=raw.get("lora_alpha"), lora_dropout=lora_dropout,
-                          target_modules=tuple(modules)), tensors
+                          target_modules=tuple(modules), use_rslora=raw.get("use_rslora", False)), tensors
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: {e}") from None
 
@@ -151,4 +152,4 @@ def load_adapter(model, folder: str | os.PathLike, lora_dropout: float = 0.0) ->
 
 def _layout(lora: LoraConfig) -> tuple:
     """What fixes an adapter buffer's layout and scale (dropout is a training choice)."""
-    return lora.r, lora.lora_alpha, lora.target_modules
+    return lora.r, lora.scale, lora.target_modules

@@ -95,6 +95,8 @@ class TrainConfig:
                       "them on the fly); 0 trains every parameter.", min=0)
     lora_alpha: float = opt(32.0, "LoRA scale numerator: an adapter adds (lora_alpha / lora_r) B A to its weight.",
                             gt=0.0)
+    use_rslora: bool = opt(False, "Rank-stabilised LoRA: an adapter adds (lora_alpha / sqrt(lora_r)) B A instead, "
+                           "so its update keeps its size as the rank grows.")
     lora_dropout: float = opt(0.0, "Dropout on the adapters' inputs in training passes (never in generation; "
                               "in GRPO it sets the trainer's log-probs apart from the engine's).", min=0.0,
                               max=0.99)
@@ -102,7 +104,7 @@ class TrainConfig:
         (ALL_LINEAR,), f"Projections that get adapters, comma-separated: {', '.join(TARGET_MODULES)}, or "
         f"{ALL_LINEAR} (all of them; never the LM head).", choices=(*TARGET_MODULES, ALL_LINEAR))
     lora_adapter: str | None = opt(None, "A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
-                                   "to start from, over `model`: turns LoRA on with the adapter's r, lora_alpha "
+                                   "to start from, over `model`: turns LoRA on with the adapter's r, lora_alpha, use_rslora "
                                    "and target modules.")
     # Length of training and batching
     max_steps: int = opt(-1, "Number of optimizer steps; -1: derived from num_train_epochs.", min=-1)
