@@ -20,11 +20,12 @@ PARTIAL = ("q_proj", "v_proj", "up_proj")  # one module of each fused site left 
 
 
 def peft_model(tiny_hf_model, family, tmp_path, targets, seed=1, use_rslora=False):
-    """(the base's folder, a peft model of it with random lora_A and lora_B, r 4, lora_alpha 8)."""
+    """(the base's folder, a peft model of it with random lora_A and lora_B, r 4, lora_alpha 8); targets:
+    module names, "all-linear" or a pattern of peft's (matched against whole module paths)."""
     folder, hf = tiny_hf_model(family, tmp_path)
     torch.manual_seed(seed)
     config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, use_rslora=use_rslora,
-                             target_modules="all-linear" if targets == "all-linear" else list(targets))
+                             target_modules=targets if isinstance(targets, str) else list(targets))
     return folder, peft.get_peft_model(hf, config)
 
 
@@ -91,14 +92,23 @@ def test_a_peft_adapter_gives_peft_logits_in_training_and_in_the_engine(tiny_hf_
     assert rel_err(engine[0], ref[-1]) < 1e-5
 
 
-def test_a_peft_rslora_adapter_gives_peft_logits(tiny_hf_model, tmp_path):
-    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, PARTIAL, use_rslora=True)
+@pytest.mark.parametrize("targets,use_rslora", [(PARTIAL, True), (r".*\.(q_proj|down_proj)", False)])
+def test_peft_options_give_peft_logits(tiny_hf_model, tmp_path, targets, use_rslora):
+    """rsLoRA (scale lora_alpha / sqrt(r)) and target_modules as a pattern."""
+    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, targets, use_rslora=use_rslora)
     model = barerl_with_adapter(folder, pm, tmp_path)
-    assert model.lora.config.use_rslora and model.lora.config.scale == 8 / 2  # lora_alpha / sqrt(r)
+    assert model.lora.config.scale == (8 / 2 if use_rslora else 8 / 4)
     seq = np.random.default_rng(5).integers(0, model.cfg.vocab_size, 23).tolist()
     with torch.no_grad():
         ref = pm(torch.tensor([seq])).logits[0].numpy()
     assert rel_err(logits(model, seq), ref) < 1e-5
+
+
+def test_a_pattern_that_leaves_layers_out_is_refused(tiny_hf_model, tmp_path):
+    folder, pm = peft_model(tiny_hf_model, "qwen3", tmp_path, r".*layers\.0\..*q_proj")
+    pm.save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ValueError, match="some layers only"):
+        load_adapter(Model.from_pretrained(folder), tmp_path / "adapter")
 
 
 @pytest.mark.parametrize("use_rslora", [False, True])
@@ -140,7 +150,7 @@ def test_merge_command_writes_what_peft_merges(tiny_hf_model, tmp_path, use_rslo
 
 @pytest.mark.parametrize("field,value,message", [
     ("use_dora", True, "use_dora"), ("rank_pattern", {"q_proj": 8}, "rank_pattern"),
-    ("target_modules", ".*proj", "pattern"), ("target_modules", ["q_proj", "lm_head"], "lm_head"),
+    ("target_modules", ["q_proj", "lm_head"], "lm_head"),
     ("bias", "all", "bias"), ("peft_type", "IA3", "LORA"),
 ])
 def test_the_reader_refuses_what_it_would_compute_wrongly(tiny_hf_model, tmp_path, field, value, message):

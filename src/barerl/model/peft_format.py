@@ -28,7 +28,7 @@ from barerl.formats.atomic import atomic_folder
 from barerl.formats.hf_folder import write_json
 from barerl.formats.safetensors import read_safetensors, to_host, write_safetensors
 from barerl.model.checkpoint import check_replaceable
-from barerl.model.lora import ALL_LINEAR, TARGET_MODULES, LoraAdapters, LoraConfig, LoraWeights, attach
+from barerl.model.lora import TARGET_MODULES, LoraAdapters, LoraConfig, LoraWeights, attach
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -111,10 +111,7 @@ def _read_config(folder) -> dict:
         if not (value is None or value == plain or (isinstance(value, (list, dict)) and not value)):
             raise CheckpointError(f"{path}: field '{key}': {value!r} is not supported (barerl computes plain "
                                   f"LoRA: {key}={plain!r})")
-    targets = raw.get("target_modules")
-    if isinstance(targets, str) and targets != ALL_LINEAR:
-        raise CheckpointError(f"{path}: field 'target_modules': a pattern ({targets!r}) is not supported; "
-                              f"list module names among {list(TARGET_MODULES)}")
+    targets = raw.get("target_modules")  # a string is "all-linear" or a pattern: the tensors say what it chose
     for name in [] if isinstance(targets, str) else targets or []:  # peft matches names by their ending
         if name.rsplit(".", 1)[-1] not in TARGET_MODULES:
             raise CheckpointError(f"{path}: field 'target_modules': {name!r} is not a projection barerl adapts "
