@@ -262,6 +262,14 @@ def model_folder(tmp_path):
     return write_model_folder(tmp_path)
 
 
+def test_save_strategy_epoch_saves_after_each_pass_over_the_data(tmp_path):
+    cfg = SFTConfig(output_dir=str(tmp_path), num_train_epochs=2, save_strategy="epoch", save_steps=1,
+                    save_total_limit=None, per_device_train_batch_size=50, packing=False, seed=5)
+    train_sft(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=SFT_ROWS, show_progress=False)
+    saved = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*"))
+    assert saved == [2, 4]  # 100 rows, 50 a step: 2 steps a pass (save_steps does not apply)
+
+
 def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):
     folder, data = model_folder
     out = tmp_path / "run"

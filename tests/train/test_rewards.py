@@ -123,6 +123,23 @@ def reward_file(tmp_path):
     return str(path)
 
 
+def test_trls_reward_names_give_trls_values():
+    """TRL's own examples (trl/rewards), and the overlong punishment at its script's 1280 / 256."""
+    accuracy, reasoning, think, overlong = (load_reward_function(name) for name in (
+        "accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment"))
+    chat = [[{"role": "assistant", "content": text}] for text in (
+        r"<think> Reasoning content </think> The final answer is \boxed{\frac{1}{3}}",
+        r"<think> Reasoning content </think> The final answer is \boxed{\frac{1}{2}}",
+        r"<think> Reasoning content with partial answers \boxed{\frac{1}{3}} but no final answer")]
+    solution = [r"\frac{1}{3}"] * 3
+    assert accuracy(None, chat, solution=solution) == [1.0, 0.0, 1.0]
+    assert reasoning(None, chat, solution=solution) == [1.0, 0.0, 0.0]
+    assert think(None, ["<think>\nThis is my reasoning.\n</think>\nThis is my answer.",
+                        "<think>\nThis is my reasoning.\nThis is my answer."]) == [1.0, 0.0]
+    ids = [[0] * n for n in (1024, 1152, 1280, 1281)]
+    assert overlong(None, [""] * 4, completion_ids=ids) == [0.0, -0.5, -1.0, -1.0]
+
+
 def test_load_reward_function_forms(reward_file):
     assert load_reward_function("math_accuracy") is math_accuracy
     assert load_reward_function("barerl.train.rewards:format_tags") is format_tags

@@ -24,6 +24,8 @@ from barerl.train.trl_names import (
     SFT_NAMES,
     TRAINING_ARGS_NAMES,
     TRL_GRPO_NAMES,
+    TRL_GRPO_SCRIPT_NAMES,
+    TRL_SCRIPT_NAMES,
     TRL_SFT_NAMES,
     UNSUPPORTED,
     TRLNameNotice,
@@ -72,6 +74,34 @@ TRL_SFT_ONLY = ("model_init_kwargs", "trust_remote_code", "router_aux_loss_coef"
                 "dataset_kwargs", "dataset_num_proc", "eos_token", "truncation_mode", "packing_strategy",
                 "padding_free", "pad_to_multiple_of", "eval_packing", "loss_type", "activation_offloading",
                 "pad_token")
+
+# TRL 1.16's `trl sft` / `trl grpo` script names beside the configs (trl/trainer/model_config.py: ModelConfig;
+# trl/scripts/utils.py: ScriptArguments, DatasetMixtureConfig; trl/scripts/grpo.py: GRPOScriptArguments) that
+# barerl's configs do not define; torch_dtype is ModelConfig's name before TRL 1.0
+TRL_SCRIPT_ONLY = ("model_name_or_path", "model_revision", "torch_dtype", "attn_implementation", "use_peft",
+                   "lora_target_parameters", "lora_modules_to_save", "lora_task_type", "use_dora", "load_in_8bit",
+                   "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage",
+                   "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split",
+                   "dataset_streaming", "ignore_bias_buffers", "datasets", "streaming", "test_split_size")
+TRL_SCRIPT_FIELDS = ("dtype", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora")
+
+TRL_SCRIPT_YAML = """\
+model_name_or_path: runs/base
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+use_peft: true
+lora_alpha: 64
+lora_target_modules: [q_proj, v_proj]
+lora_task_type: CAUSAL_LM
+load_in_4bit: false
+dataset_name: data/math.jsonl
+dataset_train_split: train
+dataset_test_split: test
+test_split_size: 0.1
+reward_model_name_or_path: null
+reward_funcs: [accuracy_reward, think_format_reward]
+"""
 
 TRL_YAML = """\
 model: Qwen/Qwen3-0.6B
@@ -125,6 +155,47 @@ def test_the_tables_cover_training_arguments_and_sft_names_barerl_lacks():
     assert not {f.name for f in dataclasses.fields(GRPOConfig)} & set(GRPO_NAMES)
     for table in (TRAINING_ARGS_NAMES, TRL_SFT_NAMES):
         assert {e.kind for e in table.values()} == {RENAMED, MOOT, UNSUPPORTED}
+
+
+def test_the_script_tables_cover_trls_script_names_barerl_lacks():
+    assert set(TRL_SCRIPT_NAMES) == set(TRL_SCRIPT_ONLY) and set(TRL_GRPO_SCRIPT_NAMES) == {"reward_model_name_or_path"}
+    assert set(TRL_SCRIPT_FIELDS) <= {f.name for f in dataclasses.fields(SFTConfig)}
+    assert set(TRL_SCRIPT_NAMES) <= set(SFT_NAMES) and set(TRL_GRPO_SCRIPT_NAMES) <= set(GRPO_NAMES) - set(SFT_NAMES)
+
+
+def test_a_trl_script_config_loads(tmp_path):
+    cfg, notices = _load(tmp_path, TRL_SCRIPT_YAML)
+    assert (cfg.model, cfg.dataset, cfg.dtype, cfg.eval_split) == ("runs/base", "data/math.jsonl", "bfloat16", 0.1)
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) == (16, 64.0, ("q_proj", "v_proj"))
+    assert cfg.reward_funcs == ("accuracy_reward", "think_format_reward")
+    noted = {n.split("TRL's ")[1].split(" ")[0] for n in notices}
+    assert noted == {"model_name_or_path", "torch_dtype", "attn_implementation", "use_peft", "dataset_name",
+                     "dataset_test_split", "test_split_size"}
+    cfg, _ = _load(tmp_path, TRL_SCRIPT_YAML + "lora_r: 8\n")
+    assert cfg.lora_r == 8
+    cfg, _ = _load(tmp_path, TRL_SCRIPT_YAML.replace("use_peft: true", "use_peft: false"))
+    assert cfg.lora_r == 0  # TRL trains every parameter without use_peft
+
+
+@pytest.mark.parametrize("line,match", [
+    ("use_peft: false\nlora_r: 8", "TRL's use_peft means lora_r=0, but lora_r is given as 8"),
+    ("load_in_4bit: true", "bitsandbytes"),
+    ("use_dora: true", "DoRA"),
+    ("model_revision: v2", "no Hub revisions"),
+    ("dataset_train_split: validation", "'train' split"),
+    ("datasets: [{path: a.jsonl}]", "no mixtures"),
+])
+def test_trl_script_settings_barerl_cannot_honour(tmp_path, line, match):
+    with pytest.raises(ConfigError, match=match):
+        _load(tmp_path, line + "\n")
+
+
+def test_the_sft_script_names_load_in_sft_configs():
+    with pytest.warns(TRLNameNotice) as record:
+        cfg = config_from_dict(SFTConfig, {"model_name_or_path": "runs/base", "dataset_name": "chat.jsonl"})
+    assert (cfg.model, cfg.dataset, len(record)) == ("runs/base", "chat.jsonl", 2)
+    with pytest.raises(ConfigError, match="unknown key 'reward_model_name_or_path'"):
+        config_from_dict(SFTConfig, {"reward_model_name_or_path": None})
 
 
 def test_a_trl_config_loads_with_one_notice_per_renamed_or_moot_key(tmp_path):
@@ -400,5 +471,5 @@ def test_sft_names_are_not_grpo_names():
         cfg = config_from_dict(SFTConfig, {"remove_unused_columns": True, "pad_token": "<pad>",
                                            "eval_strategy": "no", "eval_steps": 50, "save_strategy": "no"})
     assert (cfg.eval_steps, cfg.save_strategy, len(record)) == (50, "no", 3)
-    with pytest.raises(ConfigError, match=r"save_strategy: must be one of \['steps', 'no'\], got 'epoch'"):
-        load_config(SFTConfig, None, ["--save_strategy", "epoch"])  # barerl's own field: its choices
+    with pytest.raises(ConfigError, match=r"save_strategy: must be one of \['steps', 'epoch', 'no'\], got 'best'"):
+        load_config(SFTConfig, None, ["--save_strategy", "best"])  # barerl's own field: its choices

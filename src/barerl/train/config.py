@@ -127,9 +127,10 @@ class TrainConfig:
                                      "(needs tensorboardX), wandb (needs wandb), none.",
                                      choices=("jsonl", "tensorboard", "wandb", "none"))
     eval_steps: int | None = opt(None, "Evaluate every N steps (None: at the end only).", min=1)
-    save_strategy: str = opt("steps", "When to write checkpoints: steps (every save_steps and at the end) or no "
-                             "(never: the run leaves metrics and curves only; for a benchmark, or a model whose "
-                             "optimizer state cannot come back to the GPU to be saved).", choices=("steps", "no"))
+    save_strategy: str = opt("steps", "When to write checkpoints: steps (every save_steps and at the end), epoch "
+                             "(after each pass over the dataset and at the end) or no (never: the run leaves "
+                             "metrics and curves only; for a benchmark, or a model whose optimizer state cannot "
+                             "come back to the GPU to be saved).", choices=("steps", "epoch", "no"))
     save_steps: int = opt(500, "Write a checkpoint every N steps (0: only at the end).", min=0)
     save_total_limit: int | None = opt(2, "Keep at most this many checkpoints, deleting the oldest (None: keep "
                                        "all; a checkpoint holds the weights and 12 bytes per parameter of "

@@ -95,9 +95,10 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
     micro_per_generation = plan.steps_per_generation
     updates_per_generation = max(1, micro_per_generation // cfg.gradient_accumulation_steps) * cfg.num_iterations
     generations_per_epoch = max(1, len(rows) // num_prompts)
-    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, generations_per_epoch * updates_per_generation)
+    steps_per_epoch = generations_per_epoch * updates_per_generation
+    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, steps_per_epoch)
     plan_run(cfg, model, engine_args, show=show_progress)  # before the model and the optimizer state exist
-    run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
+    run = TrainingSession(cfg, total, steps_per_epoch, model=model, tokenizer=tokenizer, show_progress=show_progress)
     sampler = EpochSampler(len(rows), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
     data_state = run.resume()
     if data_state:

@@ -7,7 +7,9 @@ whatever the trainer adds (TRL adds `completion_ids`). Functions should take `**
 
 Design decisions:
 - Config names a reward as `"module:function"`, `"path/to/file.py:function"` or a built-in name
-  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`, and `code_tests` from code_reward.py); a
+  (`math_accuracy`, `math_verify`, `format_tags`, `length_penalty`, and `code_tests` from code_reward.py; and
+  TRL's `accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`, `get_soft_overlong_punishment`
+  with the settings of TRL's `trl grpo` script: max_completion_len 1280, soft_punish_cache 256); a
   dict form adds `weight`, `name` and keyword arguments for the function. A `Reward` keeps the *spec*, not the
   loaded function, so it pickles: worker processes load the function themselves (spawn-safe, file-path rewards
   included).
@@ -100,9 +102,29 @@ def length_penalty(prompts, completions, completion_ids=None, max_length: int = 
             for n in lengths]
 
 
+def reasoning_math_accuracy(prompts, completions, answer=None, solution=None, grader: str = "auto",
+                            reasoning_delimiters: Sequence[str] = ("</think>",), **_) -> list[float | None]:
+    """math_accuracy of the text after the reasoning (after the last of `reasoning_delimiters`): an answer
+    boxed while still reasoning does not count, and a completion that never ends its reasoning gets 0.0."""
+    finals = [_after_reasoning(completion_text(c), reasoning_delimiters) for c in completions]
+    return math_accuracy(prompts, finals, answer, solution, grader)
+
+
+def _after_reasoning(text: str, delimiters: Sequence[str]) -> str:
+    ends = [text.rfind(d) + len(d) for d in delimiters if d in text]
+    return text[max(ends):] if ends else ""
+
+
+THINK_FORMAT = r"^<think>(?!.*<think>)(.*?)</think>.*$"  # one reasoning block, first; anything after it
+
 BUILTIN_REWARDS = {"math_accuracy": math_accuracy, "format_tags": format_tags,
                    "length_penalty": length_penalty, "code_tests": code_tests,
-                   "math_verify": partial(math_accuracy, grader="math_verify")}  # math-verify or an error
+                   "math_verify": partial(math_accuracy, grader="math_verify"),  # math-verify or an error
+                   # TRL's names (its `trl grpo` script's), so that its configs carry over
+                   "accuracy_reward": math_accuracy,
+                   "reasoning_accuracy_reward": reasoning_math_accuracy,
+                   "think_format_reward": partial(format_tags, pattern=THINK_FORMAT),
+                   "get_soft_overlong_punishment": partial(length_penalty, max_length=1280, cache_length=256)}
 
 
 # ---------------------------------------------------------------------------------------------------------

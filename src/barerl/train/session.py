@@ -39,7 +39,8 @@ from barerl.train.state import load_training_state, save_training_state
 
 
 class TrainingSession:
-    def __init__(self, cfg, total_steps: int, model: Model | None = None, tokenizer=None, show_progress=True):
+    def __init__(self, cfg, total_steps: int, steps_per_epoch: int, model: Model | None = None, tokenizer=None,
+                 show_progress=True):
         self.cfg = cfg
         group = process_group()
         # before the model loads, so that a refused folder fails fast; rank 0 looks, every rank learns the answer
@@ -61,7 +62,7 @@ class TrainingSession:
         trained = model.params if model.lora is None else model.lora.weights
         self.data_parallel = DataParallel.from_config(group, trained, self.device, cfg)
         self.optimizer = AdamW.from_config(trained, model.backend, cfg, shard=self.data_parallel.optimizer_shard)
-        self.total_steps = total_steps
+        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
         self.schedule = make_schedule(cfg.lr_scheduler_type, cfg.learning_rate, total_steps, cfg.warmup_steps,
                                       cfg.warmup_ratio)
         self.output_dir = Path(cfg.output_dir)
@@ -117,7 +118,7 @@ class TrainingSession:
             return True
         if self.cfg.save_strategy == "no":
             return False
-        every = self.cfg.save_steps
+        every = self.steps_per_epoch if self.cfg.save_strategy == "epoch" else self.cfg.save_steps
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
     def save(self, data_state: dict) -> Path:

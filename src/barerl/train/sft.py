@@ -95,9 +95,10 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
 
     sampler = EpochSampler(len(examples), seed=cfg.seed, shuffle=cfg.shuffle_dataset)
     micro_per_step = cfg.gradient_accumulation_steps * process_group().size
-    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, _steps_per_epoch(cfg, examples, micro_per_step))
+    steps_per_epoch = _steps_per_epoch(cfg, examples, micro_per_step)
+    total = resolve_total_steps(cfg.max_steps, cfg.num_train_epochs, steps_per_epoch)
     plan_run(cfg, model, show=show_progress)  # before the model and the optimizer state exist
-    run = TrainingSession(cfg, total, model=model, tokenizer=tokenizer, show_progress=show_progress)
+    run = TrainingSession(cfg, total, steps_per_epoch, model=model, tokenizer=tokenizer, show_progress=show_progress)
     dp = run.data_parallel
     data_state = run.resume()
     if data_state:

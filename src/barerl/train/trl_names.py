@@ -1,9 +1,11 @@
 """TRL's config names that barerl's configs do not define, so that a TRL config carries over.
 
-Every name of TRL 1.16's GRPOConfig and SFTConfig, and of the `transformers.TrainingArguments` (5.17) they
-subclass, is either a field of barerl's config (same name, same meaning) or an entry of one of three tables
-here: TRAINING_ARGS_NAMES (for both jobs), TRL_SFT_NAMES (SFTConfig's own), TRL_GRPO_NAMES (GRPOConfig's
-own); `SFT_NAMES` and `GRPO_NAMES` are what each job accepts. Each entry is of one of three kinds:
+Every name of TRL 1.16's GRPOConfig and SFTConfig, of the `transformers.TrainingArguments` (5.17) they
+subclass, and of the dataclasses TRL's `trl sft` / `trl grpo` scripts read from the same YAML file beside them
+(ModelConfig, ScriptArguments, DatasetMixtureConfig, GRPOScriptArguments), is either a field of barerl's config
+(same name, same meaning) or an entry of one of the tables here: TRAINING_ARGS_NAMES (for both jobs),
+TRL_SFT_NAMES (SFTConfig's own), TRL_GRPO_NAMES (GRPOConfig's own), TRL_SCRIPT_NAMES (both scripts'),
+TRL_GRPO_SCRIPT_NAMES (grpo's); `SFT_NAMES` and `GRPO_NAMES` are what each job accepts. Each entry is of one of three kinds:
 - RENAMED: the setting exists in barerl under another name or form; the value is taken, with a notice
   naming barerl's key (`vllm_importance_sampling_mode` -> `importance_sampling_mode`).
 - MOOT: a setting of machinery barerl does not have (a separate vLLM, DeepSpeed, padding); accepted, with a
@@ -461,8 +463,63 @@ TRL_SFT_NAMES: dict[str, TRLName] = {
                                          bool, False),
 }
 
-SFT_NAMES = {**TRAINING_ARGS_NAMES, **TRL_SFT_NAMES}  # what each job accepts besides its fields
-GRPO_NAMES = {**TRAINING_ARGS_NAMES, **TRL_GRPO_NAMES}
+# ---------------------------------------------------------------------------------------------------------
+# The names of TRL's `trl sft` / `trl grpo` scripts beside their configs: ModelConfig, ScriptArguments and
+# DatasetMixtureConfig (both scripts), GRPOScriptArguments (grpo's), all read from one YAML file
+
+
+def _use_peft(value, config: Values) -> dict:
+    return {"lora_r": (config["lora_r"] or 16) if value else 0}  # TRL's lora_r defaults to 16
+
+
+def _test_split_size(value, config: Values) -> dict:
+    return {} if value is None else {"eval_split": value}
+
+
+_LOCAL = "barerl reads `model` and `dataset` from local paths (a model folder; a file or a datasets folder)"
+_BNB = "the frozen base stays in the working dtype: there is no bitsandbytes quantisation"
+
+TRL_SCRIPT_NAMES: dict[str, TRLName] = {
+    # RENAMED
+    "model_name_or_path": renamed("model", str | None, None),
+    "torch_dtype": renamed("dtype", str | None, None),  # ModelConfig's name before TRL 1.0
+    "use_peft": renamed("lora_r (true: LoRA of rank lora_r, 16 when not given; false: 0, every parameter "
+                        "trained)", bool, False, _use_peft),
+    "dataset_name": renamed("dataset", str | None, None),
+    "test_split_size": renamed("eval_split (the fraction of dataset held out)", float | None, None,
+                               _test_split_size),
+    # MOOT
+    "attn_implementation": moot("barerl's attention is its own kernel (packed sequences, flash-attention "
+                                "style)", str | None, None),
+    "dataset_test_split": moot("evaluation data is eval_dataset, or eval_split of dataset", str, "test"),
+    "ignore_bias_buffers": moot(_DDP, bool, False),
+    # UNSUPPORTED
+    "model_revision": unsupported(_LOCAL + ": no Hub revisions", str, "main"),
+    "dataset_config": unsupported(_LOCAL + ": no Hub dataset configurations", str | None, None),
+    "dataset_train_split": unsupported("barerl trains on the 'train' split of a datasets folder", str, "train"),
+    "dataset_streaming": unsupported("barerl reads the whole dataset up front", bool, False),
+    "streaming": unsupported("barerl reads the whole dataset up front", bool, False),
+    "datasets": unsupported("one dataset a run: `dataset` (no mixtures)", object, None, _off),
+    "use_dora": unsupported("DoRA is not implemented: LoRA and rsLoRA (use_rslora)", bool, False),
+    "lora_target_parameters": unsupported("LoRA adapts the linear projections lora_target_modules names",
+                                          object, None, _off),
+    "lora_modules_to_save": unsupported("LoRA trains the adapters alone: no module is trained whole beside them",
+                                        object, None, _off),
+    "lora_task_type": unsupported("barerl's LoRA adapts causal LMs", str, "CAUSAL_LM"),
+    "load_in_8bit": unsupported(_BNB, bool, False),
+    "load_in_4bit": unsupported(_BNB, bool, False),
+    "bnb_4bit_quant_type": unsupported(_BNB, str, "nf4"),
+    "use_bnb_nested_quant": unsupported(_BNB, bool, False),
+    "bnb_4bit_quant_storage": unsupported(_BNB, str | None, None),
+}
+
+TRL_GRPO_SCRIPT_NAMES: dict[str, TRLName] = {
+    "reward_model_name_or_path": unsupported("rewards are Python functions (reward_funcs): there are no reward "
+                                             "models", str | None, None),
+}
+
+SFT_NAMES = {**TRAINING_ARGS_NAMES, **TRL_SFT_NAMES, **TRL_SCRIPT_NAMES}  # what each job accepts besides its fields
+GRPO_NAMES = {**TRAINING_ARGS_NAMES, **TRL_GRPO_NAMES, **TRL_SCRIPT_NAMES, **TRL_GRPO_SCRIPT_NAMES}
 
 
 def resolve(name: str, value: Any, config: Values, table: Mapping[str, TRLName] = GRPO_NAMES
