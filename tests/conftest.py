@@ -1,6 +1,12 @@
 """Shared test helpers. Add yours in a section of its own; never rewrite others'."""
 
+import os
+
 import pytest
+
+# ---------------------------------------------------------------------------------------------------------
+# No network at test time: a model named by a Hub id (ORG/NAME) comes from huggingface_hub's cache or not at all.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # ---------------------------------------------------------------------------------------------------------
 # Tests marked `gpu` need CuPy and a CUDA GPU: skipped without them, wherever they live.

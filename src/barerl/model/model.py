@@ -88,8 +88,10 @@ class Model:
                         batch_invariant: bool = False) -> Model:
         """A Hugging Face folder or .gguf file; a PEFT adapter folder (a LoRA run's checkpoint) gives its base
         model (base_model_name_or_path) with the adapter attached."""
+        from barerl.formats.paths import resolve_model_path
         from barerl.model.peft_format import adapter_base, is_adapter, load_adapter
 
+        path = resolve_model_path(path)
         if is_adapter(path):
             model = cls.from_pretrained(adapter_base(path), device, dtype, batch_invariant)
             load_adapter(model, path)

@@ -26,6 +26,7 @@ import numpy as np
 from barerl.formats import CheckpointError
 from barerl.formats.atomic import atomic_folder
 from barerl.formats.hf_folder import write_json
+from barerl.formats.paths import resolve_model_path
 from barerl.formats.safetensors import read_safetensors, to_host, write_safetensors
 from barerl.model.checkpoint import check_replaceable
 from barerl.model.lora import TARGET_MODULES, LoraAdapters, LoraConfig, LoraWeights, attach
@@ -80,7 +81,8 @@ def write_adapter(folder: str | os.PathLike, adapters: LoraAdapters, base_model:
 def read_adapter(folder: str | os.PathLike, lora_dropout: float = 0.0) -> tuple[LoraConfig, dict]:
     """A PEFT adapter folder's LoraConfig and its tensors (memory-mapped; names without peft's prefix). The
     targeted modules are those the weights hold (peft's config may list every layer's module paths);
-    `lora_dropout` is the run's, not the file's."""
+    `lora_dropout` is the run's, not the file's. `folder` may be a Hub id (formats/paths.py)."""
+    folder = resolve_model_path(folder)
     raw = _read_config(folder)
     path = os.path.join(folder, ADAPTER_WEIGHTS)
     if not os.path.isfile(path):
@@ -122,6 +124,7 @@ def _read_config(folder) -> dict:
 def load_adapter(model, folder: str | os.PathLike, lora_dropout: float = 0.0) -> LoraAdapters:
     """Give `model` the PEFT adapter in `folder` (or load it into the model's adapters of the same layout, in
     place). `lora_dropout`: the dropout training will use (the file's is a record of its own run)."""
+    folder = resolve_model_path(folder)
     lora, tensors = read_adapter(folder, lora_dropout)
     path = os.path.join(folder, ADAPTER_WEIGHTS)
     host = LoraWeights.zeros(model.cfg, lora, np, np.float32)

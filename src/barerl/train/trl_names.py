@@ -476,7 +476,6 @@ def _test_split_size(value, config: Values) -> dict:
     return {} if value is None else {"eval_split": value}
 
 
-_LOCAL = "barerl reads `model` and `dataset` from local paths (a model folder; a file or a datasets folder)"
 _BNB = "the frozen base stays in the working dtype: there is no bitsandbytes quantisation"
 
 TRL_SCRIPT_NAMES: dict[str, TRLName] = {
@@ -494,8 +493,9 @@ TRL_SCRIPT_NAMES: dict[str, TRLName] = {
     "dataset_test_split": moot("evaluation data is eval_dataset, or eval_split of dataset", str, "test"),
     "ignore_bias_buffers": moot(_DDP, bool, False),
     # UNSUPPORTED
-    "model_revision": unsupported(_LOCAL + ": no Hub revisions", str, "main"),
-    "dataset_config": unsupported(_LOCAL + ": no Hub dataset configurations", str | None, None),
+    "model_revision": unsupported("a model named by its Hub id is its main revision", str, "main"),
+    "dataset_config": unsupported("barerl reads `dataset` from a local file or datasets folder: no Hub dataset "
+                                  "configurations", str | None, None),
     "dataset_train_split": unsupported("barerl trains on the 'train' split of a datasets folder", str, "train"),
     "dataset_streaming": unsupported("barerl reads the whole dataset up front", bool, False),
     "streaming": unsupported("barerl reads the whole dataset up front", bool, False),
