@@ -3,6 +3,7 @@
 import json
 import re
 import sys
+import types
 from typing import ClassVar
 
 import numpy as np
@@ -115,6 +116,43 @@ def test_datasets_folder(tmp_path):
     assert load_dataset(tmp_path / "dd", task="grpo", split="test").rows == [{"prompt": "q"}]
     with pytest.raises(DatasetError, match=r"dd: no split 'eval' \(has train, test\)"):
         load_dataset(tmp_path / "dd", split="eval")
+
+
+def stand_in_datasets(monkeypatch, rows=None, error=None) -> list:
+    """The datasets library replaced by a Hub that gives `rows` (or raises `error`); returns its calls."""
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        if error is not None:
+            raise error
+        return types.SimpleNamespace(to_list=lambda: list(rows))
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    return calls
+
+
+def test_hub_datasets_come_through_the_datasets_library(tmp_path, monkeypatch):
+    calls = stand_in_datasets(monkeypatch, rows=[{"prompt": "p", "answer": "1"}])
+    assert load_dataset("openai/gsm8k", task="grpo", split="test", config="main").rows == [
+        {"prompt": "p", "answer": "1"}]
+    assert calls == [("openai/gsm8k", "main", "test")]
+    (tmp_path / "openai").mkdir()
+    (tmp_path / "openai" / "gsm8k").write_text('{"prompt": "local"}\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match="openai/gsm8k: unknown format"):  # a local path wins
+        load_dataset("openai/gsm8k", task="grpo")
+    assert len(calls) == 1
+
+
+def test_hub_dataset_errors_name_the_dataset_and_the_fix(monkeypatch):
+    stand_in_datasets(monkeypatch, error=ValueError("Config name is missing"))
+    with pytest.raises(DatasetError, match=r"openai/gsm8k: no such file or folder, nor a dataset the Hugging Face "
+                                           r"Hub gives \(config None, split 'train'\): ValueError: Config name"):
+        read_rows("openai/gsm8k")
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(DatasetError, match="openai/gsm8k: no such file or folder; .* pip install datasets"):
+        read_rows("openai/gsm8k")
 
 
 def test_malformed_jsonl_names_the_line(tmp_path):

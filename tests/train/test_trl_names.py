@@ -81,9 +81,10 @@ TRL_SFT_ONLY = ("model_init_kwargs", "trust_remote_code", "router_aux_loss_coef"
 TRL_SCRIPT_ONLY = ("model_name_or_path", "model_revision", "torch_dtype", "attn_implementation", "use_peft",
                    "lora_target_parameters", "lora_modules_to_save", "lora_task_type", "use_dora", "load_in_8bit",
                    "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage",
-                   "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split",
-                   "dataset_streaming", "ignore_bias_buffers", "datasets", "streaming", "test_split_size")
-TRL_SCRIPT_FIELDS = ("dtype", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora")
+                   "dataset_name", "dataset_streaming", "ignore_bias_buffers", "datasets", "streaming",
+                   "test_split_size")
+TRL_SCRIPT_FIELDS = ("dtype", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+                     "dataset_config", "dataset_train_split", "dataset_test_split")
 
 TRL_SCRIPT_YAML = """\
 model_name_or_path: runs/base
@@ -95,7 +96,8 @@ lora_alpha: 64
 lora_target_modules: [q_proj, v_proj]
 lora_task_type: CAUSAL_LM
 load_in_4bit: false
-dataset_name: data/math.jsonl
+dataset_name: openai/gsm8k
+dataset_config: main
 dataset_train_split: train
 dataset_test_split: test
 test_split_size: 0.1
@@ -165,12 +167,13 @@ def test_the_script_tables_cover_trls_script_names_barerl_lacks():
 
 def test_a_trl_script_config_loads(tmp_path):
     cfg, notices = _load(tmp_path, TRL_SCRIPT_YAML)
-    assert (cfg.model, cfg.dataset, cfg.dtype, cfg.eval_split) == ("runs/base", "data/math.jsonl", "bfloat16", 0.1)
+    assert (cfg.model, cfg.dataset, cfg.dtype, cfg.eval_split) == ("runs/base", "openai/gsm8k", "bfloat16", 0.1)
+    assert (cfg.dataset_config, cfg.dataset_train_split, cfg.dataset_test_split) == ("main", "train", "test")
     assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) == (16, 64.0, ("q_proj", "v_proj"))
     assert cfg.reward_funcs == ("accuracy_reward", "think_format_reward")
     noted = {n.split("TRL's ")[1].split(" ")[0] for n in notices}
     assert noted == {"model_name_or_path", "torch_dtype", "attn_implementation", "use_peft", "dataset_name",
-                     "dataset_test_split", "test_split_size"}
+                     "test_split_size"}
     cfg, _ = _load(tmp_path, TRL_SCRIPT_YAML + "lora_r: 8\n")
     assert cfg.lora_r == 8
     cfg, _ = _load(tmp_path, TRL_SCRIPT_YAML.replace("use_peft: true", "use_peft: false"))
@@ -182,7 +185,6 @@ def test_a_trl_script_config_loads(tmp_path):
     ("load_in_4bit: true", "bitsandbytes"),
     ("use_dora: true", "DoRA"),
     ("model_revision: v2", "main revision"),
-    ("dataset_train_split: validation", "'train' split"),
     ("datasets: [{path: a.jsonl}]", "no mixtures"),
 ])
 def test_trl_script_settings_barerl_cannot_honour(tmp_path, line, match):

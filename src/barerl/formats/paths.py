@@ -22,9 +22,14 @@ def resolve_model_path(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     if path.startswith("pkg:"):
         return _package_file(path)
-    if os.path.exists(path) or not _HUB_REPO_ID.fullmatch(path):
-        return path
-    return hub_snapshot(path)
+    return hub_snapshot(path) if is_hub_id(path) else path
+
+
+def is_hub_id(path: str | os.PathLike) -> bool:
+    """Whether `path` names a Hugging Face Hub repository (ORG/NAME) rather than something local: it has that
+    form and no such local path exists."""
+    path = os.fspath(path)
+    return _HUB_REPO_ID.fullmatch(path) is not None and not os.path.exists(path)
 
 
 _HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -77,7 +77,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         raise ConfigError("eval: give --model (generate in this process) or --base_url (ask a server), one of them")
     if cfg.dataset is None or not cfg.reward_funcs:
         raise ConfigError("eval: --dataset and --reward_funcs are needed")
-    rows = load_dataset(cfg.dataset, task="grpo").rows[: cfg.limit]
+    rows = load_dataset(cfg.dataset, task="grpo", split=cfg.dataset_split, config=cfg.dataset_config).rows[: cfg.limit]
     if cfg.base_url is not None:
         sampler = OpenAISampler(cfg.base_url, cfg.served_model_name, cfg.api_key)
     else:

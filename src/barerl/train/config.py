@@ -58,9 +58,15 @@ class TrainConfig:
     """Options shared by every training job."""
 
     # What to train on, where to write, where to run
-    model: str | None = opt(None, "Model folder (Hugging Face format: config.json + safetensors + tokenizer).")
-    dataset: str | None = opt(None, "Training data: a JSONL / Parquet file or a `datasets` folder.")
-    eval_dataset: str | None = opt(None, "Evaluation data (same formats as `dataset`).")
+    model: str | None = opt(None, "Model folder (Hugging Face format: config.json + safetensors + tokenizer), "
+                            ".gguf file, or Hugging Face Hub id (ORG/NAME; the hub extra).")
+    dataset: str | None = opt(None, "Training data: a JSONL / Parquet file, a `datasets` folder, or a Hugging Face "
+                              "Hub dataset id (ORG/NAME; needs the datasets library).")
+    dataset_config: str | None = opt(None, "The configuration (subset) of a Hub dataset (main for openai/gsm8k).")
+    dataset_train_split: str = opt("train", "The split of `dataset` to train on (a Hub dataset, or a datasets "
+                                   "folder with splits).")
+    dataset_test_split: str = opt("test", "The split of `eval_dataset` to evaluate on (as dataset_train_split).")
+    eval_dataset: str | None = opt(None, "Evaluation data (same forms as `dataset`; its config: dataset_config).")
     eval_split: float = opt(0.0, "Fraction of `dataset` held out for evaluation when `eval_dataset` is not "
                             "given (0: no held-out split).", min=0.0, max=0.5)
     output_dir: str = opt("outputs", "Folder for checkpoints, metrics.jsonl, samples.jsonl and plots.")

@@ -2,7 +2,8 @@
 
 Design decisions:
 - A dataset is a list of row dicts, read whole: JSONL, a JSON array (or a dict of equal-length columns),
-  Parquet (through pyarrow, optional), or a folder written by `datasets.save_to_disk` (optional).
+  Parquet (through pyarrow, optional), a folder written by `datasets.save_to_disk`, or a Hugging Face Hub
+  dataset named ORG/NAME (both through the `datasets` library, optional; a Hub dataset's config and split).
   Every problem names the file, and the line / row and column where there is one.
 - Shapes, as TRL names them: `messages` (chat), `prompt` + `completion` (strings or message lists),
   `text` (language modeling), and `prompt` alone (GRPO; the other columns go to the reward functions).
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from barerl.formats.paths import is_hub_id
 from barerl.model.batch import PackedBatch
 
 
@@ -101,8 +103,24 @@ def _read_datasets_folder(path: Path, split: str) -> list[dict]:
     return data.to_list()
 
 
-def read_rows(path: str | Path, split: str = "train") -> list[dict]:
-    """Rows of a JSONL / JSON / Parquet file or a `datasets.save_to_disk` folder (its `split`)."""
+def _read_hub_dataset(name: str, config: str | None, split: str) -> list[dict]:
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{name}: no such file or folder; to take it from the Hugging Face Hub: pip install "
+                           "datasets") from None
+    try:
+        return datasets.load_dataset(name, config, split=split).to_list()
+    except Exception as e:  # noqa: BLE001 -- the Hub's errors are of many types (network, access, no such split)
+        raise DatasetError(f"{name}: no such file or folder, nor a dataset the Hugging Face Hub gives (config "
+                           f"{config!r}, split {split!r}): {type(e).__name__}: {e}") from None
+
+
+def read_rows(path: str | Path, split: str = "train", config: str | None = None) -> list[dict]:
+    """Rows of a JSONL / JSON / Parquet file, a `datasets.save_to_disk` folder (its `split`), or a Hugging Face
+    Hub dataset ORG/NAME (its `config` and `split`)."""
+    if is_hub_id(path):
+        return _read_hub_dataset(str(path), config, split)
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")
@@ -163,10 +181,10 @@ REQUIRED_COLUMNS = {"messages": ("messages",), "prompt_completion": ("prompt", "
                     "prompt": ("prompt",)}
 
 
-def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text",
-                 split: str = "train") -> Dataset:
+def load_dataset(path: str | Path, task: str = "sft", text_field: str = "text", split: str = "train",
+                 config: str | None = None) -> Dataset:
     """Read and validate a dataset for `task` ("sft" or "grpo"); errors name the file, row and column."""
-    return dataset_from_rows(read_rows(path, split), str(path), task, text_field)
+    return dataset_from_rows(read_rows(path, split, config), str(path), task, text_field)
 
 
 def dataset_from_rows(rows: list[dict], source: str = "rows", task: str = "sft",

@@ -47,8 +47,11 @@ class EvalConfig:
     served_model_name: str | None = opt(None, "The model name to ask the server for; None: the first of its "
                                         "/v1/models.")
     api_key: str | None = opt(None, "API key for the server; None: $OPENAI_API_KEY, else none.")
-    dataset: str | None = opt(None, "Prompts: a JSONL / Parquet file or `datasets` folder with a 'prompt' "
-                              "column (and the columns the rewards read, e.g. 'answer').")
+    dataset: str | None = opt(None, "Prompts: a JSONL / Parquet file, `datasets` folder or Hugging Face Hub "
+                              "dataset (ORG/NAME) with a 'prompt' column (and the columns the rewards read, e.g. "
+                              "'answer').")
+    dataset_config: str | None = opt(None, "The configuration (subset) of a Hub dataset (main for openai/gsm8k).")
+    dataset_split: str = opt("test", "The split of a Hub dataset or a datasets folder with splits.")
     reward_funcs: tuple[str, ...] = opt((), "Reward functions ('module:function', 'file.py:function' or a "
                                         "built-in); the first decides correctness (reward >= 1).")
     n: int = opt(1, "Samples per prompt.", min=1)

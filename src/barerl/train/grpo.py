@@ -83,7 +83,8 @@ def train_grpo(cfg: GRPOConfig, model: Model | None = None, tokenizer=None, rows
 
     require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
-    rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo").rows
+    rows = rows if rows is not None else load_dataset(cfg.dataset, task="grpo", split=cfg.dataset_train_split,
+                                                      config=cfg.dataset_config).rows
     rewards = load_rewards(reward_funcs if reward_funcs is not None else list(cfg.reward_funcs),
                            cfg.reward_weights)
     if not rewards and not cfg.environment_factory:

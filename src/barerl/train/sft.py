@@ -81,12 +81,14 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     """Run SFT as `cfg` says; `model`, `tokenizer` and `rows` override cfg.model / cfg.dataset."""
     require_inputs(cfg, model=model, tokenizer=tokenizer, rows=rows)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
-    dataset = load_dataset(cfg.dataset, task="sft", text_field=cfg.dataset_text_field) if rows is None else None
+    dataset = load_dataset(cfg.dataset, task="sft", text_field=cfg.dataset_text_field, split=cfg.dataset_train_split,
+                           config=cfg.dataset_config) if rows is None else None
     fmt = dataset.format if dataset is not None else _format_of(rows)
     all_rows = dataset.rows if dataset is not None else rows
     train_rows, eval_rows = train_eval_split(all_rows, cfg.eval_split, cfg.seed)
     if cfg.eval_dataset:
-        eval_rows = load_dataset(cfg.eval_dataset, task="sft", text_field=cfg.dataset_text_field).rows
+        eval_rows = load_dataset(cfg.eval_dataset, task="sft", text_field=cfg.dataset_text_field,
+                                 split=cfg.dataset_test_split, config=cfg.dataset_config).rows
     options = {"max_length": cfg.max_length, "completion_only_loss": cfg.completion_only_loss,
                "assistant_only_loss": cfg.assistant_only_loss, "text_field": cfg.dataset_text_field}
     examples = tokenize_dataset(_as_dataset(train_rows, fmt, cfg.dataset), tokenizer, **options)

@@ -490,13 +490,9 @@ TRL_SCRIPT_NAMES: dict[str, TRLName] = {
     # MOOT
     "attn_implementation": moot("barerl's attention is its own kernel (packed sequences, flash-attention "
                                 "style)", str | None, None),
-    "dataset_test_split": moot("evaluation data is eval_dataset, or eval_split of dataset", str, "test"),
     "ignore_bias_buffers": moot(_DDP, bool, False),
     # UNSUPPORTED
     "model_revision": unsupported("a model named by its Hub id is its main revision", str, "main"),
-    "dataset_config": unsupported("barerl reads `dataset` from a local file or datasets folder: no Hub dataset "
-                                  "configurations", str | None, None),
-    "dataset_train_split": unsupported("barerl trains on the 'train' split of a datasets folder", str, "train"),
     "dataset_streaming": unsupported("barerl reads the whole dataset up front", bool, False),
     "streaming": unsupported("barerl reads the whole dataset up front", bool, False),
     "datasets": unsupported("one dataset a run: `dataset` (no mixtures)", object, None, _off),
