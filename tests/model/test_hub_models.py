@@ -75,3 +75,4 @@ def test_a_local_path_shaped_like_a_hub_id_stays_local(tmp_path, monkeypatch, of
     monkeypatch.chdir(tmp_path)
     assert resolve_model_path("runs/base") == "runs/base"
     assert resolve_model_path("runs/base/model.gguf") == "runs/base/model.gguf"  # not ORG/NAME: a path
+    assert resolve_model_path("models/missing.gguf") == "models/missing.gguf"  # a file's name: never the Hub

@@ -153,6 +153,8 @@ def test_hub_dataset_errors_name_the_dataset_and_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DatasetError, match="openai/gsm8k: no such file or folder; .* pip install datasets"):
         read_rows("openai/gsm8k")
+    with pytest.raises(DatasetError, match="^data/train.jsonl: no such file or folder$"):  # a file's name
+        read_rows("data/train.jsonl")
 
 
 def test_malformed_jsonl_names_the_line(tmp_path):

@@ -27,12 +27,14 @@ def resolve_model_path(path: str | os.PathLike) -> str:
 
 def is_hub_id(path: str | os.PathLike) -> bool:
     """Whether `path` names a Hugging Face Hub repository (ORG/NAME) rather than something local: it has that
-    form and no such local path exists."""
+    form, does not end as a data or weights file does, and no such local path exists."""
     path = os.fspath(path)
-    return _HUB_REPO_ID.fullmatch(path) is not None and not os.path.exists(path)
+    return (_HUB_REPO_ID.fullmatch(path) is not None and not path.lower().endswith(_FILE_SUFFIXES)
+            and not os.path.exists(path))
 
 
 _HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_FILE_SUFFIXES = (".json", ".jsonl", ".jsonlines", ".parquet", ".gguf", ".safetensors")  # a missing file, not a repo
 # what barerl reads of a model repository: configs, safetensors weights, tokenizer, chat template (never the
 # .bin / .pth / .gguf copies some repositories also hold)
 HUB_FILES = ("*.json", "*.safetensors", "*.jinja")
