@@ -3,11 +3,11 @@
 import json
 import re
 import sys
-import types
 from typing import ClassVar
 
 import numpy as np
 import pytest
+from train_helpers import stand_in_datasets
 
 from barerl.train.data import (
     DatasetError,
@@ -118,22 +118,8 @@ def test_datasets_folder(tmp_path):
         load_dataset(tmp_path / "dd", split="eval")
 
 
-def stand_in_datasets(monkeypatch, rows=None, error=None) -> list:
-    """The datasets library replaced by a Hub that gives `rows` (or raises `error`); returns its calls."""
-    calls = []
-
-    def load_dataset(name, config, split):
-        calls.append((name, config, split))
-        if error is not None:
-            raise error
-        return types.SimpleNamespace(to_list=lambda: list(rows))
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    return calls
-
-
 def test_hub_datasets_come_through_the_datasets_library(tmp_path, monkeypatch):
-    calls = stand_in_datasets(monkeypatch, rows=[{"prompt": "p", "answer": "1"}])
+    calls = stand_in_datasets(monkeypatch, splits={"test": [{"prompt": "p", "answer": "1"}]})
     assert load_dataset("openai/gsm8k", task="grpo", split="test", config="main").rows == [
         {"prompt": "p", "answer": "1"}]
     assert calls == [("openai/gsm8k", "main", "test")]

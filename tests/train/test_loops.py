@@ -1,6 +1,7 @@
 """The SFT and GRPO loops end to end on tiny models: learning, reproducibility, resume, crash + resume, and
 the CLI's errors."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from train_helpers import (
     read_jsonl,
     run_grpo,
     smollm2_like_model,
+    stand_in_datasets,
     starts_with_seven,
     tiny_model,
     write_model_folder,
@@ -268,6 +270,19 @@ def test_save_strategy_epoch_saves_after_each_pass_over_the_data(tmp_path):
     train_sft(cfg, model=tiny_model(), tokenizer=make_tokenizer(), rows=SFT_ROWS, show_progress=False)
     saved = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*"))
     assert saved == [2, 4]  # 100 rows, 50 a step: 2 steps a pass (save_steps does not apply)
+
+
+def test_sft_on_a_hub_dataset_evaluates_on_its_test_split_as_trls_script(tmp_path, monkeypatch):
+    splits = {"train": SFT_ROWS[:60], "test": SFT_ROWS[60:]}
+    calls = stand_in_datasets(monkeypatch, splits)
+    cfg = SFTConfig(output_dir=str(tmp_path / "hub"), dataset="org/sums", dataset_config="plain", max_steps=2,
+                    eval_steps=1, per_device_train_batch_size=30, packing=False, save_strategy="no")
+    result = train_sft(cfg, model=tiny_model(), tokenizer=make_tokenizer(), show_progress=False)
+    assert calls == [("org/sums", "plain", "train"), ("org/sums", "plain", "test")]
+    assert result.eval_loss is not None and all("eval_loss" in m for m in metrics(tmp_path / "hub"))
+    with pytest.warns(UserWarning, match="eval_steps=1, but there is no evaluation data"):
+        train_sft(dataclasses.replace(cfg, output_dir=str(tmp_path / "rows"), dataset=None), model=tiny_model(),
+                  tokenizer=make_tokenizer(), rows=SFT_ROWS, show_progress=False)
 
 
 def test_kill_9_then_resume_loses_only_the_steps_since_the_last_save(model_folder, tmp_path):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 
@@ -132,3 +133,18 @@ def cli(*args, **kw):
     """`python -m barerl.cli ARGS` in a subprocess, output captured."""
     return subprocess.run([sys.executable, "-m", "barerl.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300, check=False, **kw)
+
+
+def stand_in_datasets(monkeypatch, splits=None, error=None) -> list:
+    """The datasets library replaced by a Hub whose every dataset has `splits` (name -> rows), or that raises
+    `error`; returns the (name, config, split) it was asked for."""
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        if error is not None:
+            raise error
+        return types.SimpleNamespace(to_list=lambda: list(splits[split]))
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    return calls

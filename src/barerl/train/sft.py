@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 from barerl.cpu_threads import on_cpu_blas_threads
 from barerl.distributed import process_group
+from barerl.formats.paths import is_hub_id
 from barerl.model.lora import training_dropout_seed
 from barerl.tokenizer import load_tokenizer
 from barerl.train.config import SFTConfig
@@ -86,9 +88,13 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
     fmt = dataset.format if dataset is not None else _format_of(rows)
     all_rows = dataset.rows if dataset is not None else rows
     train_rows, eval_rows = train_eval_split(all_rows, cfg.eval_split, cfg.seed)
-    if cfg.eval_dataset:
-        eval_rows = load_dataset(cfg.eval_dataset, task="sft", text_field=cfg.dataset_text_field,
+    eval_source = cfg.eval_dataset or _hub_test_split(cfg)
+    if eval_source:
+        eval_rows = load_dataset(eval_source, task="sft", text_field=cfg.dataset_text_field,
                                  split=cfg.dataset_test_split, config=cfg.dataset_config).rows
+    if cfg.eval_steps is not None and not eval_rows:
+        warnings.warn(f"eval_steps={cfg.eval_steps}, but there is no evaluation data (eval_dataset, or eval_split "
+                      "of dataset): the run evaluates nothing", stacklevel=2)
     options = {"max_length": cfg.max_length, "completion_only_loss": cfg.completion_only_loss,
                "assistant_only_loss": cfg.assistant_only_loss, "text_field": cfg.dataset_text_field}
     examples = tokenize_dataset(_as_dataset(train_rows, fmt, cfg.dataset), tokenizer, **options)
@@ -142,6 +148,13 @@ def train_sft(cfg: SFTConfig, model=None, tokenizer=None, rows: list[dict] | Non
         logger.log(run.step, {"eval_loss": eval_loss})
     summary = run.finish()
     return SFTResult(run.step, loss, eval_loss, str(run.output_dir), checkpoint, summary)
+
+
+def _hub_test_split(cfg: SFTConfig) -> str | None:
+    """As TRL's `trl sft` script does: with evaluation asked for (eval_steps) and no evaluation data given
+    (eval_dataset, eval_split), a Hub dataset's own dataset_test_split."""
+    asked = cfg.eval_steps is not None and not cfg.eval_split
+    return cfg.dataset if asked and cfg.dataset and is_hub_id(cfg.dataset) else None
 
 
 def _steps_per_epoch(cfg: SFTConfig, examples: list[Example], micro_per_step: int) -> int:
