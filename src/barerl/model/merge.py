@@ -1,8 +1,8 @@
 """`barerl merge`: a base model and a PEFT LoRA adapter -> one merged Hugging Face checkpoint.
 
-Each targeted weight becomes W + scale B A (lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA), computed in fp32 on the CPU and rounded once to the
-output dtype (by default the base's own), as peft's `merge_and_unload` computes it; the base's tokenizer is
-copied beside it. The result loads in transformers (or barerl) as a plain model.
+Each targeted weight becomes W + scale B A (lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA), computed
+in fp32 on the CPU and rounded once to the output dtype (by default the base's own), as peft's
+`merge_and_unload` computes it; the base's tokenizer is copied beside it. The result loads in transformers (or barerl) as a plain model.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ subclass, and of the dataclasses TRL's `trl sft` / `trl grpo` scripts read from 
 (ModelConfig, ScriptArguments, DatasetMixtureConfig, GRPOScriptArguments), is either a field of barerl's config
 (same name, same meaning) or an entry of one of the tables here: TRAINING_ARGS_NAMES (for both jobs),
 TRL_SFT_NAMES (SFTConfig's own), TRL_GRPO_NAMES (GRPOConfig's own), TRL_SCRIPT_NAMES (both scripts'),
-TRL_GRPO_SCRIPT_NAMES (grpo's); `SFT_NAMES` and `GRPO_NAMES` are what each job accepts. Each entry is of one of three kinds:
+TRL_GRPO_SCRIPT_NAMES (grpo's); `SFT_NAMES` and `GRPO_NAMES` are what each job accepts. Each entry is of one
+of three kinds:
 - RENAMED: the setting exists in barerl under another name or form; the value is taken, with a notice
   naming barerl's key (`vllm_importance_sampling_mode` -> `importance_sampling_mode`).
 - MOOT: a setting of machinery barerl does not have (a separate vLLM, DeepSpeed, padding); accepted, with a
